@@ -1,0 +1,353 @@
+// Package embedetcd runs a single-node etcd inside the process, so that
+// `rangesvc serve` works on a fresh machine with one command and every test
+// in the module can talk to a real etcd on loopback.
+//
+// A Server owns one data directory and one client URL and one peer URL. Start
+// it, hand Endpoints() (or NewClient) to clientv3, Stop it when done. Stop
+// followed by Start on the same Server reopens the same data directory on the
+// same URLs, which is how tests simulate a crash/restart of the store: every
+// committed key (high-water marks, lease keys, revisions) survives.
+//
+// Ports: an empty URL, or one with port 0, listens on a random free port of
+// 127.0.0.1; the port actually bound is remembered, so a restart comes back
+// on the same address and existing clientv3 clients reconnect by themselves.
+//
+// Logs: etcd is chatty. Config.LogLevel defaults to "error"; tests use a nop
+// logger (StartForTest).
+package embedetcd
+
+import (
+	"context"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+)
+
+// Defaults used when a Config field is zero.
+const (
+	// DefaultName is the etcd member name.
+	DefaultName = "idrange"
+	// DefaultReadyTimeout bounds how long Start waits for the member to
+	// become ready (leader elected, serving clients).
+	DefaultReadyTimeout = 30 * time.Second
+	// DefaultLogLevel keeps etcd quiet unless something is wrong.
+	DefaultLogLevel = "error"
+	// DefaultClientURL is the loopback client URL with a random port.
+	DefaultClientURL = "http://127.0.0.1:0"
+	// DefaultPeerURL is the loopback peer URL with a random port.
+	DefaultPeerURL = "http://127.0.0.1:0"
+	// TestTickMs and TestElectionMs are the raft timings StartForTest uses:
+	// generous enough for a shared 2-core machine under -race.
+	TestTickMs     = 200
+	TestElectionMs = 2000
+)
+
+// ErrNotReady is returned by Start when etcd did not become ready within
+// Config.ReadyTimeout (or the context ended first).
+var ErrNotReady = errors.New("embedetcd: etcd did not become ready")
+
+// Config configures an embedded etcd member. Only Dir is required.
+type Config struct {
+	// Dir is the data directory (created if missing). Required.
+	Dir string
+	// Name is the member name. Default DefaultName.
+	Name string
+	// ClientURL is where clients connect, e.g. "http://127.0.0.1:2379".
+	// Default DefaultClientURL (random loopback port).
+	ClientURL string
+	// PeerURL is the raft peer URL (unused by a single node but required by
+	// etcd). Default DefaultPeerURL (random loopback port).
+	PeerURL string
+	// TickMs and ElectionMs are raft timings. Zero keeps etcd's defaults
+	// (100 ms / 1000 ms). ElectionMs must be >= 5*TickMs (etcd's rule).
+	TickMs, ElectionMs uint
+	// ReadyTimeout bounds Start. Default DefaultReadyTimeout.
+	ReadyTimeout time.Duration
+	// LogLevel is etcd's zap level (debug, info, warn, error). Default
+	// DefaultLogLevel. Ignored when Logger is set.
+	LogLevel string
+	// Logger, if set, receives etcd's logs (zap.NewNop() to silence them).
+	Logger *zap.Logger
+	// QuotaBackendBytes is etcd's backend size quota; 0 keeps etcd's default.
+	QuotaBackendBytes int64
+	// UnsafeNoFsync disables fsync. Only for tests that never simulate a
+	// machine crash (process restarts are still durable via the page cache).
+	UnsafeNoFsync bool
+}
+
+func (c Config) withDefaults() Config {
+	if c.Name == "" {
+		c.Name = DefaultName
+	}
+	if c.ClientURL == "" {
+		c.ClientURL = DefaultClientURL
+	}
+	if c.PeerURL == "" {
+		c.PeerURL = DefaultPeerURL
+	}
+	if c.ReadyTimeout == 0 {
+		c.ReadyTimeout = DefaultReadyTimeout
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = DefaultLogLevel
+	}
+	return c
+}
+
+// Validate reports the first bad field.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	if c.Dir == "" {
+		return errors.New("embedetcd: Config.Dir is required")
+	}
+	for field, raw := range map[string]string{"ClientURL": c.ClientURL, "PeerURL": c.PeerURL} {
+		if _, err := parseURL(raw); err != nil {
+			return errors.Wrapf(err, "embedetcd: Config.%s", field)
+		}
+	}
+	if c.ReadyTimeout < 0 {
+		return errors.Newf("embedetcd: Config.ReadyTimeout %v is negative", c.ReadyTimeout)
+	}
+	if (c.TickMs == 0) != (c.ElectionMs == 0) {
+		return errors.New("embedetcd: set both Config.TickMs and Config.ElectionMs, or neither")
+	}
+	if c.TickMs != 0 && c.ElectionMs < 5*c.TickMs {
+		return errors.Newf("embedetcd: Config.ElectionMs %d must be >= 5*TickMs (%d)", c.ElectionMs, 5*c.TickMs)
+	}
+	return nil
+}
+
+func parseURL(raw string) (url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return url.URL{}, errors.Wrapf(err, "url %q", raw)
+	}
+	if u.Scheme != "http" {
+		return url.URL{}, errors.Newf("url %q: scheme must be http (TLS is not supported by the embedded member)", raw)
+	}
+	host, port, err := net.SplitHostPort(u.Host)
+	if err != nil || host == "" {
+		return url.URL{}, errors.Newf("url %q: want http://host:port", raw)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+		return url.URL{}, errors.Newf("url %q: bad port", raw)
+	}
+	if u.Path != "" && u.Path != "/" {
+		return url.URL{}, errors.Newf("url %q: must not have a path", raw)
+	}
+	return url.URL{Scheme: u.Scheme, Host: u.Host}, nil
+}
+
+// Server is an embedded single-node etcd. Its methods are safe for
+// concurrent use, but Start/Stop are meant to be called from one goroutine.
+type Server struct {
+	cfg Config
+
+	mu        sync.Mutex
+	e         *embed.Etcd
+	clientURL url.URL // actual bound address after the first start
+	peerURL   url.URL
+}
+
+// New validates cfg and returns a stopped Server. Call Start.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	cu, _ := parseURL(cfg.ClientURL)
+	pu, _ := parseURL(cfg.PeerURL)
+	return &Server{cfg: cfg, clientURL: cu, peerURL: pu}, nil
+}
+
+// Start is New followed by Server.Start.
+func Start(ctx context.Context, cfg Config) (*Server, error) {
+	s, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Start(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Start launches etcd on the Server's data directory and waits until it
+// serves clients, or ReadyTimeout / ctx ends (then it is stopped again and
+// ErrNotReady is returned). Starting a running Server is an error. After a
+// Stop, Start reopens the same directory on the same addresses.
+func (s *Server) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.e != nil {
+		return errors.New("embedetcd: already running")
+	}
+	if err := os.MkdirAll(s.cfg.Dir, 0o700); err != nil {
+		return errors.Wrapf(err, "embedetcd: data dir %q", s.cfg.Dir)
+	}
+	ec := embed.NewConfig()
+	ec.Name = s.cfg.Name
+	ec.Dir = s.cfg.Dir
+	ec.ListenClientUrls = []url.URL{s.clientURL}
+	ec.AdvertiseClientUrls = []url.URL{s.clientURL}
+	ec.ListenPeerUrls = []url.URL{s.peerURL}
+	ec.AdvertisePeerUrls = []url.URL{s.peerURL}
+	ec.InitialCluster = ec.InitialClusterFromName(s.cfg.Name)
+	if s.cfg.TickMs != 0 {
+		ec.TickMs = s.cfg.TickMs
+		ec.ElectionMs = s.cfg.ElectionMs
+	}
+	if s.cfg.QuotaBackendBytes != 0 {
+		ec.QuotaBackendBytes = s.cfg.QuotaBackendBytes
+	}
+	ec.UnsafeNoFsync = s.cfg.UnsafeNoFsync
+	ec.LogLevel = s.cfg.LogLevel
+	if s.cfg.Logger != nil {
+		ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(s.cfg.Logger)
+	}
+
+	e, err := embed.StartEtcd(ec)
+	if err != nil {
+		return errors.Wrapf(err, "embedetcd: start on %q", s.cfg.Dir)
+	}
+	timer := time.NewTimer(s.cfg.ReadyTimeout)
+	defer timer.Stop()
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		e.Close()
+		return errors.Wrapf(err, "embedetcd: etcd failed while starting on %q", s.cfg.Dir)
+	case <-timer.C:
+		e.Close()
+		return errors.Wrapf(ErrNotReady, "within %v (data dir %q)", s.cfg.ReadyTimeout, s.cfg.Dir)
+	case <-ctx.Done():
+		e.Close()
+		return errors.Wrapf(ErrNotReady, "%v (data dir %q)", ctx.Err(), s.cfg.Dir)
+	}
+	// Remember the ports actually bound so a restart reuses them.
+	if len(e.Clients) > 0 {
+		s.clientURL.Host = e.Clients[0].Addr().String()
+	}
+	if len(e.Peers) > 0 && e.Peers[0].Listener != nil {
+		s.peerURL.Host = e.Peers[0].Addr().String()
+	}
+	s.e = e
+	return nil
+}
+
+// Stop shuts etcd down and waits for it. Stopping a stopped Server is a
+// no-op. Clients connected to it see Unavailable until it is started again.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	e := s.e
+	s.e = nil
+	s.mu.Unlock()
+	if e != nil {
+		e.Close()
+	}
+}
+
+// Close is Stop, for io.Closer-style cleanup.
+func (s *Server) Close() error {
+	s.Stop()
+	return nil
+}
+
+// Running reports whether Start succeeded and Stop was not called since.
+func (s *Server) Running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.e != nil
+}
+
+// Err delivers a fatal error of the running member (nil channel when
+// stopped). A serving process should watch it and exit.
+func (s *Server) Err() <-chan error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.e == nil {
+		return nil
+	}
+	return s.e.Err()
+}
+
+// Dir is the data directory.
+func (s *Server) Dir() string { return s.cfg.Dir }
+
+// Endpoints are the client addresses to give clientv3.Config.Endpoints. After
+// the first Start they name the port actually bound.
+func (s *Server) Endpoints() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return []string{s.clientURL.String()}
+}
+
+// NewClient connects a clientv3 client to the server. The caller closes it.
+// A nil logger selects zap.NewNop (the client's own logs are noise here).
+func (s *Server) NewClient(lg *zap.Logger) (*clientv3.Client, error) {
+	if lg == nil {
+		lg = zap.NewNop()
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   s.Endpoints(),
+		DialTimeout: 5 * time.Second,
+		Logger:      lg,
+	})
+	if err != nil {
+		return nil, errors.Wrap(err, "embedetcd: new client")
+	}
+	return cli, nil
+}
+
+// StartForTest starts a quiet embedded etcd in t.TempDir() on random
+// loopback ports with test raft timings, and stops it at the end of the test.
+// It fails the test if etcd does not start.
+func StartForTest(t testing.TB) *Server {
+	t.Helper()
+	return StartForTestConfig(t, Config{})
+}
+
+// StartForTestConfig is StartForTest with overrides; zero fields get the test
+// defaults (Dir = t.TempDir(), TestTickMs/TestElectionMs, nop logger).
+func StartForTestConfig(t testing.TB, cfg Config) *Server {
+	t.Helper()
+	if cfg.Dir == "" {
+		cfg.Dir = t.TempDir()
+	}
+	if cfg.TickMs == 0 && cfg.ElectionMs == 0 {
+		cfg.TickMs, cfg.ElectionMs = TestTickMs, TestElectionMs
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatalf("embedetcd: %v", err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// ClientForTest returns a client for s that is closed at the end of the
+// test. Each call returns a separate client (a separate connection), which
+// is how tests model several service replicas sharing one etcd.
+func (s *Server) ClientForTest(t testing.TB) *clientv3.Client {
+	t.Helper()
+	cli, err := s.NewClient(nil)
+	if err != nil {
+		t.Fatalf("embedetcd: %v", err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	return cli
+}

@@ -1,0 +1,65 @@
+package embedetcd
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestStartPutRestartGet(t *testing.T) {
+	s := StartForTest(t)
+	eps := s.Endpoints()
+	if len(eps) != 1 || strings.HasSuffix(eps[0], ":0") || !strings.HasPrefix(eps[0], "http://127.0.0.1:") {
+		t.Fatalf("endpoints %v: want one bound loopback address", eps)
+	}
+	cli := s.ClientForTest(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	put, err := cli.Put(ctx, "/k", "v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	s.Stop()
+	if s.Running() {
+		t.Fatal("Running after Stop")
+	}
+	s.Stop() // idempotent
+	if err := s.Start(ctx); err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	if got := s.Endpoints(); got[0] != eps[0] {
+		t.Fatalf("restart moved endpoint %v -> %v", eps, got)
+	}
+	// The same client reconnects to the same address.
+	resp, err := cli.Get(ctx, "/k")
+	if err != nil {
+		t.Fatalf("get after restart: %v", err)
+	}
+	if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "v1" || resp.Kvs[0].ModRevision != put.Header.Revision {
+		t.Fatalf("after restart got %v, want v1 at revision %d", resp.Kvs, put.Header.Revision)
+	}
+	if err := s.Start(ctx); err == nil {
+		t.Fatal("second Start of a running server succeeded")
+	}
+}
+
+func TestValidate(t *testing.T) {
+	cases := map[string]Config{
+		"Dir":        {},
+		"ClientURL":  {Dir: "x", ClientURL: "127.0.0.1:2379"},
+		"PeerURL":    {Dir: "x", PeerURL: "https://127.0.0.1:2380"},
+		"ElectionMs": {Dir: "x", TickMs: 100, ElectionMs: 200},
+		"TickMs":     {Dir: "x", TickMs: 100},
+	}
+	for want, cfg := range cases {
+		err := cfg.Validate()
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: Validate() = %v, want an error naming %s", want, err, want)
+		}
+	}
+	if err := (Config{Dir: "x"}).Validate(); err != nil {
+		t.Errorf("minimal config: %v", err)
+	}
+}
