@@ -22,7 +22,7 @@
 //
 // The epoch is 2026-01-01T00:00:00Z, before the first ID was minted, so no
 // valid ID is 0 and every ID is positive. The last millisecond is
-// Epoch + (2^41-1) ms = 2095-09-06T15:47:35.551Z. Generators warn long before
+// Epoch + (2^41-1) ms = 2095-09-07T15:47:35.551Z. Generators warn long before
 // (see Config.EpochWarning) and reject the millisecond after it with
 // ErrEpochExhausted.
 //
@@ -33,6 +33,7 @@ package snowflake
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -168,6 +169,10 @@ func Decode(id ID) (Parts, error) {
 
 // Parse reads a decimal ID and checks it with Decode.
 func Parse(s string) (ID, error) {
+	digits := strings.TrimPrefix(s, "-")
+	if digits == "" || strings.Trim(digits, "0123456789") != "" {
+		return 0, errors.Wrapf(ErrInvalidID, "%q is not a decimal integer", s)
+	}
 	v, err := strconv.ParseInt(s, 10, 64)
 	if err != nil {
 		var ne *strconv.NumError

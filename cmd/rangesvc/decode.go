@@ -4,28 +4,60 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"time"
+
+	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/snowflake"
 )
 
+// futureSlack is how far past this machine's clock a decoded timestamp may
+// lie before decode calls the value impossible: more than any HWM lead or
+// clock skew, far less than the years a foreign ID format would show.
+const futureSlack = 24 * time.Hour
+
+const decodeUsage = `usage: rangesvc decode [--allow-future] ID...
+
+Prints one line per ID:
+  id=.. time=RFC3339Nano region=.. worker=.. seq=..
+An ID must be a positive decimal int64. One whose timestamp is more than 24h
+ahead of this machine's clock could not have been minted yet and is refused
+unless --allow-future is given.`
+
 // runDecode prints one line per ID. Every argument is checked before any
-// output, so a bad argument gives exit 2 and no partial table.
+// output, so a bad argument gives exit 2 and no partial table. Arguments are
+// not parsed as flags (so "-5" is reported as a negative ID), except the
+// two documented ones before the first ID.
 func runDecode(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("decode", stderr)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: rangesvc decode ID...\n\nprints: id=.. time=RFC3339Nano region=.. worker=.. seq=..")
+	allowFuture := false
+	for len(args) > 0 {
+		switch args[0] {
+		case "-h", "--help", "-help":
+			fmt.Fprintln(stderr, decodeUsage)
+			return errHelp
+		case "--allow-future", "-allow-future":
+			allowFuture = true
+			args = args[1:]
+			continue
+		case "--":
+			args = args[1:]
+		}
+		break
 	}
-	if err := parseFlags(fs, args); err != nil {
-		return err
+	if len(args) == 0 {
+		return usagef("no IDs given\n%s", decodeUsage)
 	}
-	if fs.NArg() == 0 {
-		return usagef("no IDs given (usage: rangesvc decode ID...)")
-	}
-	ids := make([]snowflake.ID, 0, fs.NArg())
-	for _, a := range fs.Args() {
+	limit := time.Now().Add(futureSlack)
+	ids := make([]snowflake.ID, 0, len(args))
+	for _, a := range args {
 		id, err := snowflake.Parse(a)
 		if err != nil {
 			return usageError{err}
+		}
+		if t := id.Time(); !allowFuture && t.After(limit) {
+			return usageError{errors.Wrapf(snowflake.ErrInvalidID,
+				"%s has timestamp %s, after this machine's clock: it could not have been minted yet (a different ID format?); use --allow-future to decode anyway",
+				a, t.Format(time.RFC3339))}
 		}
 		ids = append(ids, id)
 	}
