@@ -1,0 +1,172 @@
+package service
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+
+	"github.com/idrange/idrange/internal/clock"
+	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
+)
+
+// Namespace and Subsystem of every service metric: idrange_service_*.
+const (
+	Namespace = "idrange"
+	Subsystem = "service"
+)
+
+// Metrics are the range service's Prometheus metrics. Fields are exported so
+// tests and the store's observer can read or feed them.
+type Metrics struct {
+	// BlockGrants counts blocks granted (idrange_service_block_grants_total).
+	BlockGrants prometheus.Counter
+	// BlockSize is the size of granted blocks in IDs (L units)
+	// (idrange_service_block_grant_size).
+	BlockSize prometheus.Histogram
+	// GrantLatency is the store time of a successful grant
+	// (idrange_service_block_grant_latency_seconds).
+	GrantLatency prometheus.Histogram
+	// GrantConflicts counts grant transactions that lost a race on the HWM
+	// revision (idrange_service_grant_conflicts_total); fed by the store.
+	GrantConflicts prometheus.Counter
+	// GrantRetries counts grant attempts repeated after a conflict or an
+	// unknown outcome (idrange_service_grant_retries_total); fed by the store.
+	GrantRetries prometheus.Counter
+	// LeaseAcquisitions counts leases granted (idrange_service_lease_acquisitions_total).
+	LeaseAcquisitions prometheus.Counter
+	// LeaseAcquireFailures counts refused acquisitions, including no free
+	// code (idrange_service_lease_acquire_failures_total).
+	LeaseAcquireFailures prometheus.Counter
+	// LeaseRenewals counts renewal requests (idrange_service_lease_renewals_total).
+	LeaseRenewals prometheus.Counter
+	// LeaseRenewalFailures counts failed renewals (idrange_service_lease_renewal_failures_total).
+	LeaseRenewalFailures prometheus.Counter
+	// LeaseReleases counts released leases (idrange_service_lease_releases_total).
+	LeaseReleases prometheus.Counter
+	// FreeCodes is the number of unleased worker codes per region
+	// (idrange_service_free_worker_codes{region}).
+	FreeCodes *prometheus.GaugeVec
+	// HWMLead is how far the last granted block's end runs ahead of the
+	// service clock, in seconds (idrange_service_hwm_lead_seconds). Near
+	// MaxLead means the code is at its 4,096/ms limit or the clock is behind.
+	HWMLead prometheus.Gauge
+	// ClockRollbackMs is how far the service clock is behind the highest
+	// time it has seen, in ms (idrange_service_clock_rollback_ms).
+	ClockRollbackMs prometheus.Gauge
+	// RemainingEpochLife is snowflake.RemainingLife at the service clock, in
+	// seconds (idrange_service_remaining_epoch_life_seconds).
+	RemainingEpochLife prometheus.GaugeFunc
+	// Errors counts failed RPCs by method and gRPC code
+	// (idrange_service_errors_total{method,code}).
+	Errors *prometheus.CounterVec
+	// Serving is 1 while the health status is SERVING (idrange_service_serving).
+	Serving prometheus.Gauge
+}
+
+// NewMetrics creates the metrics and registers them on reg (nil: none).
+// clk is read by the remaining-epoch-life gauge at scrape time.
+func NewMetrics(reg prometheus.Registerer, clk clock.Clock) (*Metrics, error) {
+	if clk == nil {
+		clk = clock.System{}
+	}
+	o := func(name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: Namespace, Subsystem: Subsystem, Name: name, Help: help}
+	}
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts(o(name, help)))
+	}
+	gauge := func(name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts(o(name, help)))
+	}
+	m := &Metrics{
+		BlockGrants: counter("block_grants_total", "Blocks granted."),
+		BlockSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: Namespace, Subsystem: Subsystem, Name: "block_grant_size",
+			Help:    "Size of granted blocks in IDs (linear units; 4096 = 1 ms of span).",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 14),
+		}),
+		GrantLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: Namespace, Subsystem: Subsystem, Name: "block_grant_latency_seconds",
+			Help:    "Time to grant a block, including the etcd transaction.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		GrantConflicts:       counter("grant_conflicts_total", "Grant transactions that lost a race on the HWM revision."),
+		GrantRetries:         counter("grant_retries_total", "Grant attempts repeated after a conflict or an unknown outcome."),
+		LeaseAcquisitions:    counter("lease_acquisitions_total", "Worker-code leases granted."),
+		LeaseAcquireFailures: counter("lease_acquire_failures_total", "Refused lease acquisitions (including no free code)."),
+		LeaseRenewals:        counter("lease_renewals_total", "Lease renewal requests."),
+		LeaseRenewalFailures: counter("lease_renewal_failures_total", "Failed lease renewals."),
+		LeaseReleases:        counter("lease_releases_total", "Leases released."),
+		FreeCodes: prometheus.NewGaugeVec(prometheus.GaugeOpts(o("free_worker_codes",
+			"Unleased worker codes per region.")), []string{"region"}),
+		HWMLead:         gauge("hwm_lead_seconds", "How far the last granted block's end runs ahead of the service clock."),
+		ClockRollbackMs: gauge("clock_rollback_ms", "How far the service clock is behind the highest time it has seen (0 when not rolled back)."),
+		RemainingEpochLife: prometheus.NewGaugeFunc(prometheus.GaugeOpts(o("remaining_epoch_life_seconds",
+			"Time left until the 41-bit timestamp is exhausted.")), func() float64 {
+			return snowflake.RemainingLife(clk.Now()).Seconds()
+		}),
+		Errors: prometheus.NewCounterVec(prometheus.CounterOpts(o("errors_total",
+			"Failed RPCs by method and gRPC status code.")), []string{"method", "code"}),
+		Serving: gauge("serving", "1 while the replica reports SERVING on the health service."),
+	}
+	// Create the error series that matter for alerts up front, so they
+	// scrape as 0 (and rate() works) before the first failure.
+	for _, method := range []string{"AcquireLease", "RenewLease", "ReleaseLease", "AllocateBlock", "Next"} {
+		for _, code := range []codes.Code{codes.InvalidArgument, codes.FailedPrecondition, codes.ResourceExhausted,
+			codes.Unavailable, codes.DataLoss, codes.OutOfRange, codes.Internal} {
+			m.Errors.WithLabelValues(method, code.String())
+		}
+	}
+	if reg != nil {
+		for _, c := range m.collectors() {
+			if err := reg.Register(c); err != nil {
+				return nil, errors.Wrap(err, "service: register metrics")
+			}
+		}
+	}
+	return m, nil
+}
+
+func (m *Metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.BlockGrants, m.BlockSize, m.GrantLatency, m.GrantConflicts,
+		m.GrantRetries, m.LeaseAcquisitions, m.LeaseAcquireFailures, m.LeaseRenewals,
+		m.LeaseRenewalFailures, m.LeaseReleases, m.FreeCodes, m.HWMLead, m.ClockRollbackMs,
+		m.RemainingEpochLife, m.Errors, m.Serving}
+}
+
+// observeGrant records one successful grant at service time now.
+func (m *Metrics) observeGrant(b segment.Block, took time.Duration, now time.Time) {
+	m.BlockGrants.Inc()
+	m.BlockSize.Observe(float64(b.Len()))
+	m.GrantLatency.Observe(took.Seconds())
+	endMs := (b.Hi - 1) >> snowflake.SequenceBits
+	leadMs := endMs - snowflake.MsSince(now)
+	m.HWMLead.Set(float64(leadMs) / 1000)
+}
+
+func regionLabel(r int) string { return strconv.Itoa(r) }
+
+// MetricNames are the fully qualified names of every metric NewMetrics
+// registers (for tests and dashboards).
+var MetricNames = []string{
+	"idrange_service_block_grants_total",
+	"idrange_service_block_grant_size",
+	"idrange_service_block_grant_latency_seconds",
+	"idrange_service_grant_conflicts_total",
+	"idrange_service_grant_retries_total",
+	"idrange_service_lease_acquisitions_total",
+	"idrange_service_lease_acquire_failures_total",
+	"idrange_service_lease_renewals_total",
+	"idrange_service_lease_renewal_failures_total",
+	"idrange_service_lease_releases_total",
+	"idrange_service_free_worker_codes",
+	"idrange_service_hwm_lead_seconds",
+	"idrange_service_clock_rollback_ms",
+	"idrange_service_remaining_epoch_life_seconds",
+	"idrange_service_errors_total",
+	"idrange_service_serving",
+}

@@ -1,0 +1,555 @@
+// Package service is the gRPC RangeService of one region: a thin, strict
+// layer over a segment.Allocator (the etcd-backed segment.Store in
+// production, a fake in tests).
+//
+// The layer does three things and nothing clever:
+//
+//   - It validates every field of every request before the store is touched
+//     (region must be this replica's, worker 0..255, token > 0, lease_id > 0,
+//     count 1..MaxBlock, lease present) and answers InvalidArgument with a
+//     message naming the field. Fail closed: a request the store would have to
+//     guess about never reaches it.
+//   - It maps the store's sentinel errors to gRPC statuses (internal/wire), so
+//     clients can tell fenced (stop minting) from backpressure (retry later).
+//   - It watches its own clock. Grants stay safe when the clock moves back
+//     (Lo = max(HWM, now<<12) does not depend on it), but a replica whose
+//     clock is behind the highest time it has seen by more than
+//     Config.RollbackBound reports NOT_SERVING on the standard gRPC health
+//     service and exports clock_rollback_ms, so balancers and operators move
+//     traffic away. It also reports NOT_SERVING while Config.StoreCheck fails.
+//
+// Metrics (namespace idrange, subsystem service) are registered on the
+// registerer passed in; see Metrics for the names.
+package service
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/cockroachdb/errors"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	idrangev1 "github.com/idrange/idrange/api/idrangev1"
+	"github.com/idrange/idrange/internal/clock"
+	"github.com/idrange/idrange/internal/wire"
+	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
+)
+
+// Defaults for zero Config fields.
+const (
+	// DefaultMaxBlock is the largest count a request may ask for: 10 s of
+	// span at 4,096 IDs/ms (DESIGN: the client sizes blocks as time spans).
+	DefaultMaxBlock = 10 * 1000 * 4096
+	// DefaultRollbackBound is how far the service clock may be behind the
+	// highest time it has seen before the replica reports NOT_SERVING (SPEC:
+	// wait at most 5 ms for a rollback).
+	DefaultRollbackBound = 5 * time.Millisecond
+	// DefaultCheckInterval is how often the clock and the store are checked.
+	DefaultCheckInterval = 250 * time.Millisecond
+	// DefaultStoreCheckTimeout bounds one StoreCheck call.
+	DefaultStoreCheckTimeout = 2 * time.Second
+	// DefaultFreeCodesInterval is how often the free-code gauge is refreshed.
+	DefaultFreeCodesInterval = 5 * time.Second
+	// DefaultRPCTimeout caps how long one RPC may wait on the store when
+	// the caller set no shorter deadline.
+	DefaultRPCTimeout = 10 * time.Second
+	// MaxOwnerLen is the longest owner string AcquireLease accepts.
+	MaxOwnerLen = 256
+	// HealthService is the name under which the RangeService's health is
+	// reported (the empty name "" reports the same).
+	HealthService = "idrange.v1.RangeService"
+)
+
+// Minter mints one ID; *rangeclient.Client satisfies it. It backs the Next
+// RPC, the per-ID baseline the comparison module measures.
+type Minter interface {
+	Next(ctx context.Context) (snowflake.ID, error)
+}
+
+// Config configures a Service. Region and Allocator are required.
+type Config struct {
+	// Region is this replica's region (0..3). Requests for another region
+	// are InvalidArgument.
+	Region int
+	// Allocator serves the RPCs (segment.Store in production).
+	Allocator segment.Allocator
+	// Clock is the service clock used for rollback detection, HWM lead and
+	// remaining epoch life. Give the store the same clock. Default
+	// clock.System{}.
+	Clock clock.Clock
+	// MaxBlock is the largest count accepted (1..DefaultMaxBlock*10).
+	// Default DefaultMaxBlock. Keep it equal to the store's policy limit.
+	MaxBlock int
+	// RollbackBound: a clock this far behind the highest time seen makes
+	// the replica NOT_SERVING. Default DefaultRollbackBound.
+	RollbackBound time.Duration
+	// CheckInterval is the period of the clock/store check loop in Run.
+	// Default DefaultCheckInterval.
+	CheckInterval time.Duration
+	// StoreCheck, if set, is called every CheckInterval (bounded by
+	// StoreCheckTimeout); while it fails the replica is NOT_SERVING. For
+	// etcd a cheap Status or Get call.
+	StoreCheck func(ctx context.Context) error
+	// StoreCheckTimeout bounds one StoreCheck. Default DefaultStoreCheckTimeout.
+	StoreCheckTimeout time.Duration
+	// FreeCodes, if set, returns the number of unleased worker codes of
+	// Region; Run refreshes the free_worker_codes gauge with it every
+	// FreeCodesInterval.
+	FreeCodes func(ctx context.Context) (int, error)
+	// FreeCodesInterval: default DefaultFreeCodesInterval.
+	FreeCodesInterval time.Duration
+	// RPCTimeout caps each RPC's work on the store. Default DefaultRPCTimeout.
+	RPCTimeout time.Duration
+	// Minter backs the Next RPC; nil makes Next answer Unimplemented.
+	// It can be set later with SetMinter (it usually needs the service's
+	// own allocator to exist first).
+	Minter Minter
+	// Registerer receives the metrics; nil registers nothing (the metrics
+	// still work, e.g. for tests that read them).
+	Registerer prometheus.Registerer
+	// Logger receives structured logs. Default: discard.
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.Clock == nil {
+		c.Clock = clock.System{}
+	}
+	if c.MaxBlock == 0 {
+		c.MaxBlock = DefaultMaxBlock
+	}
+	if c.RollbackBound == 0 {
+		c.RollbackBound = DefaultRollbackBound
+	}
+	if c.CheckInterval == 0 {
+		c.CheckInterval = DefaultCheckInterval
+	}
+	if c.StoreCheckTimeout == 0 {
+		c.StoreCheckTimeout = DefaultStoreCheckTimeout
+	}
+	if c.FreeCodesInterval == 0 {
+		c.FreeCodesInterval = DefaultFreeCodesInterval
+	}
+	if c.RPCTimeout == 0 {
+		c.RPCTimeout = DefaultRPCTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Validate reports the first bad field of c (after defaults).
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	switch {
+	case c.Region < 0 || c.Region > snowflake.MaxRegion:
+		return errors.Newf("service: Config.Region %d not in 0..%d", c.Region, snowflake.MaxRegion)
+	case c.Allocator == nil:
+		return errors.New("service: Config.Allocator is required")
+	case c.MaxBlock < 1 || c.MaxBlock > 10*DefaultMaxBlock:
+		return errors.Newf("service: Config.MaxBlock %d not in 1..%d", c.MaxBlock, 10*DefaultMaxBlock)
+	case c.RollbackBound < 0:
+		return errors.Newf("service: Config.RollbackBound %v is negative", c.RollbackBound)
+	}
+	for name, d := range map[string]time.Duration{"CheckInterval": c.CheckInterval,
+		"StoreCheckTimeout": c.StoreCheckTimeout, "FreeCodesInterval": c.FreeCodesInterval,
+		"RPCTimeout": c.RPCTimeout} {
+		if d < 0 {
+			return errors.Newf("service: Config.%s %v is negative", name, d)
+		}
+	}
+	return nil
+}
+
+// Service implements idrangev1.RangeServiceServer over a segment.Allocator.
+// Register it on a grpc.Server with Register; call Run for the background
+// checks and Shutdown before stopping the server.
+type Service struct {
+	idrangev1.UnimplementedRangeServiceServer
+
+	cfg     Config
+	log     *slog.Logger
+	metrics *Metrics
+	health  *health.Server
+
+	mu         sync.Mutex
+	maxSeen    int64 // highest service time seen, UnixNano (wall, no monotonic part)
+	rollback   time.Duration
+	storeErr   error
+	serving    bool
+	shutdown   bool
+	minter     Minter
+	lastStatus healthpb.HealthCheckResponse_ServingStatus
+}
+
+// New validates cfg and returns a Service that reports SERVING until a check
+// says otherwise.
+func New(cfg Config) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	m, err := NewMetrics(cfg.Registerer, cfg.Clock)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{
+		cfg:     cfg,
+		log:     cfg.Logger.With("component", "rangesvc", "region", cfg.Region),
+		metrics: m,
+		health:  health.NewServer(),
+		minter:  cfg.Minter,
+	}
+	s.observe() // first reading: the floor for rollback detection
+	s.updateHealth()
+	return s, nil
+}
+
+// Register registers the RangeService and the standard gRPC health service
+// on srv.
+func (s *Service) Register(srv grpc.ServiceRegistrar) {
+	idrangev1.RegisterRangeServiceServer(srv, s)
+	healthpb.RegisterHealthServer(srv, s.health)
+}
+
+// Metrics returns the service's metrics (for tests and the Store observer).
+func (s *Service) Metrics() *Metrics { return s.metrics }
+
+// SetMinter installs the Minter behind the Next RPC.
+func (s *Service) SetMinter(m Minter) {
+	s.mu.Lock()
+	s.minter = m
+	s.mu.Unlock()
+}
+
+// Serving reports whether the replica currently reports SERVING.
+func (s *Service) Serving() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.serving
+}
+
+// Shutdown marks every health status NOT_SERVING for good (so balancers stop
+// sending traffic) before the gRPC server drains.
+func (s *Service) Shutdown() {
+	s.mu.Lock()
+	s.shutdown = true
+	s.mu.Unlock()
+	s.updateHealth()
+	s.health.Shutdown()
+}
+
+// Run performs the periodic checks until ctx ends: the clock against the
+// highest time seen, StoreCheck, and the free-code gauge.
+func (s *Service) Run(ctx context.Context) {
+	s.Check(ctx)
+	s.refreshFreeCodes(ctx)
+	check := time.NewTicker(s.cfg.CheckInterval)
+	defer check.Stop()
+	free := time.NewTicker(s.cfg.FreeCodesInterval)
+	defer free.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-check.C:
+			s.Check(ctx)
+		case <-free.C:
+			s.refreshFreeCodes(ctx)
+		}
+	}
+}
+
+// Check runs one round of the health checks now (Run calls it every
+// CheckInterval) and updates the health status.
+func (s *Service) Check(ctx context.Context) {
+	s.observe()
+	if s.cfg.StoreCheck != nil {
+		cctx, cancel := context.WithTimeout(ctx, s.cfg.StoreCheckTimeout)
+		err := s.cfg.StoreCheck(cctx)
+		cancel()
+		if ctx.Err() != nil {
+			return // shutting down: not the store's fault
+		}
+		s.mu.Lock()
+		was := s.storeErr
+		s.storeErr = err
+		s.mu.Unlock()
+		switch {
+		case err != nil && was == nil:
+			s.log.Warn("store unreachable", "err", err)
+		case err == nil && was != nil:
+			s.log.Info("store reachable again")
+		}
+	}
+	s.updateHealth()
+}
+
+func (s *Service) refreshFreeCodes(ctx context.Context) {
+	if s.cfg.FreeCodes == nil {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.StoreCheckTimeout)
+	defer cancel()
+	n, err := s.cfg.FreeCodes(cctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("counting free worker codes failed", "err", err)
+		}
+		return
+	}
+	s.metrics.FreeCodes.WithLabelValues(regionLabel(s.cfg.Region)).Set(float64(n))
+}
+
+// observe reads the service clock, raises the highest time seen and records
+// how far the clock is behind it. It returns the reading.
+func (s *Service) observe() time.Time {
+	now := s.cfg.Clock.Now()
+	ns := now.UnixNano() // wall time: a stepped clock must show as a rollback
+	s.mu.Lock()
+	if ns > s.maxSeen {
+		s.maxSeen = ns
+	}
+	was := s.rollback
+	s.rollback = time.Duration(s.maxSeen - ns)
+	rb := s.rollback
+	s.mu.Unlock()
+	s.metrics.ClockRollbackMs.Set(float64(rb) / float64(time.Millisecond))
+	if rb > s.cfg.RollbackBound && was <= s.cfg.RollbackBound {
+		s.log.Error("service clock moved back beyond the bound; reporting NOT_SERVING",
+			"rollback", rb, "bound", s.cfg.RollbackBound)
+		s.updateHealth()
+	} else if rb <= s.cfg.RollbackBound && was > s.cfg.RollbackBound {
+		s.log.Info("service clock caught up", "rollback", rb)
+		s.updateHealth()
+	}
+	return now
+}
+
+func (s *Service) updateHealth() {
+	s.mu.Lock()
+	ok := !s.shutdown && s.rollback <= s.cfg.RollbackBound && s.storeErr == nil
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if ok {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	changed := st != s.lastStatus
+	s.serving = ok
+	s.lastStatus = st
+	// Set the status under the lock so concurrent updates cannot reorder.
+	if changed {
+		s.health.SetServingStatus("", st)
+		s.health.SetServingStatus(HealthService, st)
+	}
+	s.mu.Unlock()
+	if ok {
+		s.metrics.Serving.Set(1)
+	} else {
+		s.metrics.Serving.Set(0)
+	}
+}
+
+// rpc wraps one handler: a timeout on the store work, the error mapping,
+// error metrics and logs.
+func (s *Service) rpc(ctx context.Context, method string, f func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.RPCTimeout)
+	defer cancel()
+	err := f(ctx)
+	if err == nil {
+		return nil
+	}
+	serr := wire.ToStatus(err)
+	code := status.Code(serr)
+	s.metrics.Errors.WithLabelValues(method, code.String()).Inc()
+	lvl := slog.LevelWarn
+	switch code {
+	case codes.InvalidArgument, codes.ResourceExhausted, codes.Canceled, codes.Unimplemented:
+		lvl = slog.LevelDebug
+	case codes.DataLoss, codes.Internal:
+		lvl = slog.LevelError
+	}
+	s.log.Log(ctx, lvl, "rpc failed", "method", method, "code", code.String(), "err", err)
+	return serr
+}
+
+// invalid is the InvalidArgument status for a bad field.
+func invalid(format string, args ...any) error {
+	return status.Errorf(codes.InvalidArgument, format, args...)
+}
+
+// checkRegion validates a region field against this replica.
+func (s *Service) checkRegion(field string, r uint32) error {
+	if r > snowflake.MaxRegion {
+		return invalid("%s: %d not in 0..%d", field, r, snowflake.MaxRegion)
+	}
+	if int(r) != s.cfg.Region {
+		return invalid("%s: %d is not this replica's region %d", field, r, s.cfg.Region)
+	}
+	return nil
+}
+
+// checkLease validates a lease message field by field.
+func (s *Service) checkLease(p *idrangev1.Lease) (segment.Lease, error) {
+	if p == nil {
+		return segment.Lease{}, invalid("lease: required")
+	}
+	if err := s.checkRegion("lease.region", p.GetRegion()); err != nil {
+		return segment.Lease{}, err
+	}
+	switch {
+	case p.GetWorker() > snowflake.MaxWorker:
+		return segment.Lease{}, invalid("lease.worker: %d not in 0..%d", p.GetWorker(), snowflake.MaxWorker)
+	case p.GetToken() <= 0:
+		return segment.Lease{}, invalid("lease.token: %d must be > 0 (the token AcquireLease returned)", p.GetToken())
+	case p.GetLeaseId() <= 0:
+		return segment.Lease{}, invalid("lease.lease_id: %d must be > 0 (the lease_id AcquireLease returned)", p.GetLeaseId())
+	}
+	return wire.LeaseFromProto(p), nil
+}
+
+// AcquireLease leases a free worker code of this region.
+func (s *Service) AcquireLease(ctx context.Context, req *idrangev1.AcquireLeaseRequest) (*idrangev1.AcquireLeaseResponse, error) {
+	var resp *idrangev1.AcquireLeaseResponse
+	err := s.rpc(ctx, "AcquireLease", func(ctx context.Context) error {
+		if err := s.checkRegion("region", req.GetRegion()); err != nil {
+			return err
+		}
+		if n := len(req.GetOwner()); n > MaxOwnerLen {
+			return invalid("owner: %d bytes, at most %d", n, MaxOwnerLen)
+		}
+		if !utf8.ValidString(req.GetOwner()) {
+			return invalid("owner: not valid UTF-8")
+		}
+		s.observe()
+		l, err := s.cfg.Allocator.Acquire(ctx, int(req.GetRegion()), req.GetOwner())
+		if err != nil {
+			return err
+		}
+		s.metrics.LeaseAcquisitions.Inc()
+		s.log.Info("lease acquired", "worker", l.Worker, "token", l.Token, "lease_id", l.LeaseID,
+			"ttl", l.TTL, "owner", req.GetOwner())
+		resp = &idrangev1.AcquireLeaseResponse{Lease: wire.LeaseToProto(l), TtlMs: l.TTL.Milliseconds()}
+		return nil
+	})
+	if err != nil {
+		s.metrics.LeaseAcquireFailures.Inc()
+		return nil, err
+	}
+	return resp, nil
+}
+
+// RenewLease extends a lease once.
+func (s *Service) RenewLease(ctx context.Context, req *idrangev1.RenewLeaseRequest) (*idrangev1.RenewLeaseResponse, error) {
+	var resp *idrangev1.RenewLeaseResponse
+	err := s.rpc(ctx, "RenewLease", func(ctx context.Context) error {
+		l, err := s.checkLease(req.GetLease())
+		if err != nil {
+			return err
+		}
+		s.observe()
+		s.metrics.LeaseRenewals.Inc()
+		nl, err := s.cfg.Allocator.Renew(ctx, l)
+		if err != nil {
+			s.metrics.LeaseRenewalFailures.Inc()
+			return err
+		}
+		if nl.TTL <= 0 {
+			s.metrics.LeaseRenewalFailures.Inc()
+			return errors.Wrapf(segment.ErrLeaseLost, "worker %d: store granted TTL %v", l.Worker, nl.TTL)
+		}
+		resp = &idrangev1.RenewLeaseResponse{TtlMs: nl.TTL.Milliseconds()}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// ReleaseLease gives a code back early; its HWM stays.
+func (s *Service) ReleaseLease(ctx context.Context, req *idrangev1.ReleaseLeaseRequest) (*idrangev1.ReleaseLeaseResponse, error) {
+	err := s.rpc(ctx, "ReleaseLease", func(ctx context.Context) error {
+		l, err := s.checkLease(req.GetLease())
+		if err != nil {
+			return err
+		}
+		if err := s.cfg.Allocator.Release(ctx, l); err != nil {
+			return err
+		}
+		s.metrics.LeaseReleases.Inc()
+		s.log.Info("lease released", "worker", l.Worker, "token", l.Token)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &idrangev1.ReleaseLeaseResponse{}, nil
+}
+
+// AllocateBlock grants a block; the store commits the HWM before returning.
+func (s *Service) AllocateBlock(ctx context.Context, req *idrangev1.AllocateBlockRequest) (*idrangev1.AllocateBlockResponse, error) {
+	var resp *idrangev1.AllocateBlockResponse
+	err := s.rpc(ctx, "AllocateBlock", func(ctx context.Context) error {
+		l, err := s.checkLease(req.GetLease())
+		if err != nil {
+			return err
+		}
+		if c := req.GetCount(); c < 1 || int64(c) > int64(s.cfg.MaxBlock) {
+			return invalid("count: %d not in 1..%d", c, s.cfg.MaxBlock)
+		}
+		start := time.Now()
+		b, err := s.cfg.Allocator.Allocate(ctx, l, int(req.GetCount()))
+		if err != nil {
+			return err
+		}
+		if b.Hi <= b.Lo || b.Region != l.Region || b.Worker != l.Worker {
+			// Never forward a block the store should not have produced.
+			return errors.Newf("store returned block [%d,%d) for code %d/%d on lease %d/%d",
+				b.Lo, b.Hi, b.Region, b.Worker, l.Region, l.Worker)
+		}
+		now := s.observe()
+		s.metrics.observeGrant(b, time.Since(start), now)
+		s.log.Debug("block granted", "worker", b.Worker, "lo", b.Lo, "hi", b.Hi, "len", b.Len())
+		resp = wire.BlockToProto(b)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// Next mints one ID on the service's own lease (the per-ID RPC baseline).
+func (s *Service) Next(ctx context.Context, _ *idrangev1.NextRequest) (*idrangev1.NextResponse, error) {
+	s.mu.Lock()
+	m := s.minter
+	s.mu.Unlock()
+	if m == nil {
+		err := status.Error(codes.Unimplemented, "Next: this replica has no minter configured")
+		s.metrics.Errors.WithLabelValues("Next", codes.Unimplemented.String()).Inc()
+		return nil, err
+	}
+	var resp *idrangev1.NextResponse
+	err := s.rpc(ctx, "Next", func(ctx context.Context) error {
+		id, err := m.Next(ctx)
+		if err != nil {
+			return err
+		}
+		resp = &idrangev1.NextResponse{Id: int64(id)}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
