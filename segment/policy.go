@@ -1,0 +1,150 @@
+package segment
+
+import (
+	"time"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/idrange/idrange/snowflake"
+)
+
+// Units of the linear space L = ms<<12 | seq.
+const (
+	// PerMs is the number of L units in one millisecond (4,096 sequences).
+	PerMs = 1 << snowflake.SequenceBits
+	// EndL is one past the last L any code can use: (MaxTimestamp+1)<<12.
+	// A HWM equal to EndL means the code's epoch is used up.
+	EndL int64 = (snowflake.MaxTimestamp + 1) << snowflake.SequenceBits
+)
+
+// Policy defaults and limits.
+const (
+	// DefaultMaxBlock is 10 s of span (10,000 ms x 4,096): the largest
+	// block a single grant may cover.
+	DefaultMaxBlock int64 = 10_000 * PerMs
+	// DefaultMaxLead is how far (in service time) a grant's Hi may run ahead
+	// of the service clock. 15 s means a 2 s service clock rollback still
+	// grants (starting at the HWM) with a full default block.
+	DefaultMaxLead = 15 * time.Second
+
+	// maxMaxBlock and maxMaxLead keep arithmetic far from overflow and
+	// forbid configurations that would burn years of space per grant.
+	maxMaxBlock int64 = 1 << 40
+	maxMaxLead        = 24 * time.Hour
+)
+
+// Policy is the grant rule's tuning. The zero value means "all defaults"
+// (see WithDefaults); Validate checks an explicit policy.
+type Policy struct {
+	// MaxBlock is the largest request (in L units) a grant accepts; a larger
+	// one is ErrInvalid, not silently shrunk, so a misconfigured client
+	// notices. Default DefaultMaxBlock.
+	MaxBlock int64
+	// MaxLead bounds how far a grant may run ahead of service time: a grant
+	// whose Lo is at or past (now+MaxLead)<<12 is refused with *Backpressure,
+	// one whose Hi would pass it is shrunk to it. Whole milliseconds; default
+	// DefaultMaxLead.
+	MaxLead time.Duration
+}
+
+// DefaultPolicy is the policy with every default.
+func DefaultPolicy() Policy { return Policy{MaxBlock: DefaultMaxBlock, MaxLead: DefaultMaxLead} }
+
+// WithDefaults returns p with zero fields replaced by their defaults.
+func (p Policy) WithDefaults() Policy {
+	if p.MaxBlock == 0 {
+		p.MaxBlock = DefaultMaxBlock
+	}
+	if p.MaxLead == 0 {
+		p.MaxLead = DefaultMaxLead
+	}
+	return p
+}
+
+// Validate reports the first field out of range (zero fields are invalid
+// here; call WithDefaults first to accept them as defaults).
+func (p Policy) Validate() error {
+	switch {
+	case p.MaxBlock < 1 || p.MaxBlock > maxMaxBlock:
+		return errors.Wrapf(ErrInvalid, "policy MaxBlock %d not in 1..%d", p.MaxBlock, maxMaxBlock)
+	case p.MaxLead < time.Millisecond || p.MaxLead > maxMaxLead:
+		return errors.Wrapf(ErrInvalid, "policy MaxLead %v not in 1ms..%v", p.MaxLead, maxMaxLead)
+	case p.MaxLead%time.Millisecond != 0:
+		return errors.Wrapf(ErrInvalid, "policy MaxLead %v is not a whole number of milliseconds", p.MaxLead)
+	}
+	return nil
+}
+
+// Grant is the outcome of the pure grant rule: [Lo, Hi) of one code's space
+// and the service-clock instants that go with it.
+type Grant struct {
+	Lo, Hi int64
+	// ServiceTime is the service clock reading the grant was computed at.
+	ServiceTime time.Time
+	// ValidUntil is the end of the millisecond of Hi-1: once service time
+	// reaches it, no L of the block carries a current timestamp any more.
+	ValidUntil time.Time
+}
+
+// Plan applies the grant rule to a code whose high-water mark is hwm, at
+// service time now, for a request of n L units:
+//
+//	Lo = max(hwm, now<<12, 1)       (1: L 0 would be ID 0 for code 0/0)
+//	Hi = min(Lo+n, (now+MaxLead)<<12, EndL)
+//
+// Errors: ErrInvalid (n not in 1..MaxBlock, hwm negative or past EndL),
+// *Backpressure if Lo >= (now+MaxLead)<<12 (RetryAfter is the service-time
+// wait until at least one unit can be granted), ErrEpochExhausted if
+// Lo >= EndL. Near the end of the epoch the block is shrunk to EndL rather
+// than refused, so the last millisecond is usable and the next is rejected.
+//
+// Plan is pure: whatever now says, Lo >= hwm and Hi > Lo on success, so
+// successive plans that each raise hwm to the previous Hi never overlap.
+func (p Policy) Plan(hwm int64, now time.Time, n int64) (Grant, error) {
+	lo, hi, err := p.PlanMs(hwm, snowflake.MsSince(now), n)
+	if err != nil {
+		return Grant{}, err
+	}
+	return Grant{Lo: lo, Hi: hi, ServiceTime: now, ValidUntil: ValidUntil(hi)}, nil
+}
+
+// PlanMs is Plan with the service time as milliseconds since snowflake.Epoch.
+// The policy must be valid (Validate); an invalid one is ErrInvalid.
+func (p Policy) PlanMs(hwm, nowMs, n int64) (lo, hi int64, err error) {
+	if err := p.Validate(); err != nil {
+		return 0, 0, err
+	}
+	switch {
+	case n < 1 || n > p.MaxBlock:
+		return 0, 0, errors.Wrapf(ErrInvalid, "count %d not in 1..%d", n, p.MaxBlock)
+	case hwm < 0 || hwm > EndL:
+		return 0, 0, errors.Wrapf(ErrInvalid, "high-water mark %d not in 0..%d", hwm, EndL)
+	case nowMs > snowflake.MaxTimestamp:
+		return 0, 0, errors.Wrapf(ErrEpochExhausted, "service time %d ms is past the last timestamp %d ms",
+			nowMs, int64(snowflake.MaxTimestamp))
+	}
+	// A clock decades before the epoch is clamped: it only changes how long
+	// RetryAfter says, never where a block starts (Lo >= hwm regardless).
+	if nowMs < -snowflake.MaxTimestamp {
+		nowMs = -snowflake.MaxTimestamp
+	}
+	lo = max(hwm, nowMs<<snowflake.SequenceBits, 1)
+	if lo >= EndL {
+		return 0, 0, errors.Wrapf(ErrEpochExhausted, "code's next position %d is at the end of the epoch", lo)
+	}
+	leadMs := p.MaxLead.Milliseconds()
+	limit := (nowMs + leadMs) << snowflake.SequenceBits
+	if lo >= limit {
+		// The first service ms at which (ms+lead)<<12 > lo.
+		readyMs := lo>>snowflake.SequenceBits + 1 - leadMs
+		return 0, 0, &Backpressure{RetryAfter: time.Duration(readyMs-nowMs) * time.Millisecond}
+	}
+	hi = min(lo+n, limit, EndL)
+	return lo, hi, nil
+}
+
+// ValidUntil is the end of the millisecond that holds L = hi-1, as an
+// instant: snowflake.MsTime((hi-1)>>12 + 1).
+func ValidUntil(hi int64) time.Time {
+	return snowflake.MsTime((hi-1)>>snowflake.SequenceBits + 1)
+}
