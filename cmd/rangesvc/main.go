@@ -48,6 +48,8 @@ type command struct {
 // commands is the subcommand table; each lives in its own file.
 var commands = map[string]command{
 	"decode": {"print the fields of IDs", runDecode},
+	"serve":  {"run the regional range service (gRPC) on embedded or external etcd", runServe},
+	"mint":   {"mint N IDs through a range service and print them", runMint},
 }
 
 func main() {

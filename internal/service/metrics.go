@@ -31,11 +31,13 @@ type Metrics struct {
 	// (idrange_service_block_grant_latency_seconds).
 	GrantLatency prometheus.Histogram
 	// GrantConflicts counts grant transactions that lost a race on the HWM
-	// revision (idrange_service_grant_conflicts_total); fed by the store.
+	// revision to another caller or replica and were retried
+	// (idrange_service_grant_conflicts_total); fed by the store's Observer.
 	GrantConflicts prometheus.Counter
-	// GrantRetries counts grant attempts repeated after a conflict or an
-	// unknown outcome (idrange_service_grant_retries_total); fed by the store.
-	GrantRetries prometheus.Counter
+	// CorruptValues counts stored values that did not decode
+	// (idrange_service_corrupt_values_total); fed by the store's Observer.
+	// Any increase needs an operator.
+	CorruptValues prometheus.Counter
 	// LeaseAcquisitions counts leases granted (idrange_service_lease_acquisitions_total).
 	LeaseAcquisitions prometheus.Counter
 	// LeaseAcquireFailures counts refused acquisitions, including no free
@@ -94,8 +96,8 @@ func NewMetrics(reg prometheus.Registerer, clk clock.Clock) (*Metrics, error) {
 			Help:    "Time to grant a block, including the etcd transaction.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
-		GrantConflicts:       counter("grant_conflicts_total", "Grant transactions that lost a race on the HWM revision."),
-		GrantRetries:         counter("grant_retries_total", "Grant attempts repeated after a conflict or an unknown outcome."),
+		GrantConflicts:       counter("grant_conflicts_total", "Grant transactions that lost a race on the HWM revision and were retried."),
+		CorruptValues:        counter("corrupt_values_total", "Stored etcd values that did not decode (grants on that code stop)."),
 		LeaseAcquisitions:    counter("lease_acquisitions_total", "Worker-code leases granted."),
 		LeaseAcquireFailures: counter("lease_acquire_failures_total", "Refused lease acquisitions (including no free code)."),
 		LeaseRenewals:        counter("lease_renewals_total", "Lease renewal requests."),
@@ -133,7 +135,7 @@ func NewMetrics(reg prometheus.Registerer, clk clock.Clock) (*Metrics, error) {
 
 func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.BlockGrants, m.BlockSize, m.GrantLatency, m.GrantConflicts,
-		m.GrantRetries, m.LeaseAcquisitions, m.LeaseAcquireFailures, m.LeaseRenewals,
+		m.CorruptValues, m.LeaseAcquisitions, m.LeaseAcquireFailures, m.LeaseRenewals,
 		m.LeaseRenewalFailures, m.LeaseReleases, m.FreeCodes, m.HWMLead, m.ClockRollbackMs,
 		m.RemainingEpochLife, m.Errors, m.Serving}
 }
@@ -157,7 +159,7 @@ var MetricNames = []string{
 	"idrange_service_block_grant_size",
 	"idrange_service_block_grant_latency_seconds",
 	"idrange_service_grant_conflicts_total",
-	"idrange_service_grant_retries_total",
+	"idrange_service_corrupt_values_total",
 	"idrange_service_lease_acquisitions_total",
 	"idrange_service_lease_acquire_failures_total",
 	"idrange_service_lease_renewals_total",
@@ -170,3 +172,17 @@ var MetricNames = []string{
 	"idrange_service_errors_total",
 	"idrange_service_serving",
 }
+
+// StoreObserver returns a segment.Observer that feeds m with the events
+// only the store sees: HWM races (grant_conflicts_total) and corrupt values
+// (corrupt_values_total). Grants, leases and renewals are counted by the
+// RPC handlers, so RPC-level numbers are not doubled.
+func (m *Metrics) StoreObserver() segment.Observer { return storeObserver{m: m} }
+
+type storeObserver struct {
+	segment.NopObserver
+	m *Metrics
+}
+
+func (o storeObserver) Conflict(int, int)     { o.m.GrantConflicts.Inc() }
+func (o storeObserver) Corrupt(string, error) { o.m.CorruptValues.Inc() }

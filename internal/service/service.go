@@ -48,7 +48,7 @@ import (
 const (
 	// DefaultMaxBlock is the largest count a request may ask for: 10 s of
 	// span at 4,096 IDs/ms (DESIGN: the client sizes blocks as time spans).
-	DefaultMaxBlock = 10 * 1000 * 4096
+	DefaultMaxBlock = int(segment.DefaultMaxBlock)
 	// DefaultRollbackBound is how far the service clock may be behind the
 	// highest time it has seen before the replica reports NOT_SERVING (SPEC:
 	// wait at most 5 ms for a rollback).
@@ -63,7 +63,7 @@ const (
 	// the caller set no shorter deadline.
 	DefaultRPCTimeout = 10 * time.Second
 	// MaxOwnerLen is the longest owner string AcquireLease accepts.
-	MaxOwnerLen = 256
+	MaxOwnerLen = segment.MaxOwnerLen
 	// HealthService is the name under which the RangeService's health is
 	// reported (the empty name "" reports the same).
 	HealthService = "idrange.v1.RangeService"
@@ -113,8 +113,12 @@ type Config struct {
 	// It can be set later with SetMinter (it usually needs the service's
 	// own allocator to exist first).
 	Minter Minter
-	// Registerer receives the metrics; nil registers nothing (the metrics
-	// still work, e.g. for tests that read them).
+	// Metrics, if set, are used as they are (create them first with
+	// NewMetrics when the store needs Metrics.StoreObserver before the
+	// Service exists); Registerer is then ignored.
+	Metrics *Metrics
+	// Registerer receives the metrics New creates; nil registers nothing
+	// (the metrics still work, e.g. for tests that read them).
 	Registerer prometheus.Registerer
 	// Logger receives structured logs. Default: discard.
 	Logger *slog.Logger
@@ -199,9 +203,12 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	m, err := NewMetrics(cfg.Registerer, cfg.Clock)
-	if err != nil {
-		return nil, err
+	m := cfg.Metrics
+	if m == nil {
+		var err error
+		if m, err = NewMetrics(cfg.Registerer, cfg.Clock); err != nil {
+			return nil, err
+		}
 	}
 	s := &Service{
 		cfg:     cfg,

@@ -15,7 +15,7 @@ import (
 
 // MaxLinear is the end (exclusive) of every code's linear space:
 // (snowflake.MaxTimestamp+1)<<12. No block may reach past it.
-const MaxLinear = int64(snowflake.MaxTimestamp+1) << snowflake.SequenceBits
+const MaxLinear = segment.EndL
 
 // NewAllocator returns a segment.Allocator that calls the RangeService over
 // cc. Requests are checked before they are sent (a negative worker must not

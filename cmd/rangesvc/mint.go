@@ -1,0 +1,146 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/idrange/idrange/internal/clock"
+	"github.com/idrange/idrange/internal/wire"
+	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
+)
+
+// maxMint bounds -n so a typo cannot hold a code for hours.
+const maxMint = 100_000_000
+
+// mintConfig is `rangesvc mint`'s flags.
+type mintConfig struct {
+	Targets []string      // --target ADDR[,ADDR...] (required)
+	N       int           // -n (required, 1..maxMint)
+	Region  int           // --region (default 0): must be the service's region
+	Timeout time.Duration // --timeout (default 30s) for the whole run
+}
+
+func parseMintFlags(args []string, stderr io.Writer) (mintConfig, error) {
+	var c mintConfig
+	fs := newFlagSet("mint", stderr)
+	fs.Func("target", "rangesvc gRPC address(es) host:port[,host:port...] (required)", func(s string) error {
+		for _, t := range strings.Split(s, ",") {
+			if t = strings.TrimSpace(t); t != "" {
+				c.Targets = append(c.Targets, t)
+			}
+		}
+		return nil
+	})
+	fs.IntVar(&c.N, "n", 0, fmt.Sprintf("number of IDs to print (1..%d, required)", maxMint))
+	fs.IntVar(&c.Region, "region", 0, "region of the service (0..3)")
+	fs.DurationVar(&c.Timeout, "timeout", 30*time.Second, "give up after this long")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: rangesvc mint --target ADDR[,ADDR...] -n N [--region R]\n\nprints N decimal IDs, one per line")
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args); err != nil {
+		return c, err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return c, usagef("unexpected arguments %q", fs.Args())
+	case len(c.Targets) == 0:
+		return c, usagef("--target is required")
+	case c.N < 1 || c.N > maxMint:
+		return c, usagef("-n %d not in 1..%d", c.N, maxMint)
+	case c.Region < 0 || c.Region > snowflake.MaxRegion:
+		return c, usagef("--region %d not in 0..%d", c.Region, snowflake.MaxRegion)
+	case c.Timeout <= 0:
+		return c, usagef("--timeout %v must be positive", c.Timeout)
+	}
+	for _, t := range c.Targets {
+		if err := checkEndpoint(t); err != nil {
+			return c, usagef("--target %v", err)
+		}
+	}
+	return c, nil
+}
+
+// runMint prints N IDs minted through the range service. All IDs are minted
+// before any is printed, so a failure prints nothing on stdout.
+func runMint(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	c, err := parseMintFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
+	defer cancel()
+	ids, err := mintIDs(ctx, c)
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriter(stdout)
+	for _, id := range ids {
+		w.WriteString(id.String())
+		w.WriteByte('\n')
+	}
+	return w.Flush()
+}
+
+// mintIDs leases a code on the first target that answers, takes blocks
+// until it has N IDs, and releases the code.
+func mintIDs(ctx context.Context, c mintConfig) ([]snowflake.ID, error) {
+	var errs error
+	for _, t := range c.Targets {
+		ids, err := mintVia(ctx, t, c)
+		if err == nil {
+			return ids, nil
+		}
+		errs = errors.CombineErrors(errs, errors.Wrapf(err, "target %s", t))
+		if !errors.Is(err, segment.ErrUnavailable) || ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, errs
+}
+
+func mintVia(ctx context.Context, target string, c mintConfig) ([]snowflake.ID, error) {
+	cc, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, errors.Wrap(err, "dial")
+	}
+	defer cc.Close()
+	a := wire.NewAllocator(cc)
+	l, err := a.Acquire(ctx, c.Region, "rangesvc mint")
+	if err != nil {
+		return nil, errors.Wrap(err, "acquire lease")
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		_ = a.Release(rctx, l)
+	}()
+	ids := make([]snowflake.ID, 0, c.N)
+	for len(ids) < c.N {
+		want := min(c.N-len(ids), 10_000*4096)
+		b, err := a.Allocate(ctx, l, want)
+		var bp *segment.Backpressure
+		if errors.As(err, &bp) {
+			if err := clock.Sleep(ctx, max(bp.RetryAfter, time.Millisecond)); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if err != nil {
+			return nil, errors.Wrap(err, "allocate block")
+		}
+		for x := b.Lo; x < b.Hi && len(ids) < c.N; x++ {
+			ids = append(ids, b.ID(x))
+		}
+	}
+	return ids, nil
+}

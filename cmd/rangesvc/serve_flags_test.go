@@ -1,0 +1,87 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// Bad flags of serve and mint exit 2 with a message naming the problem,
+// before anything is started (no etcd, no listener).
+func TestBadFlags(t *testing.T) {
+	cases := []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"serve"}, "--region is required"},
+		{[]string{"serve", "--region", "4"}, "--region 4 not in 0..3"},
+		{[]string{"serve", "--region", "-2"}, "--region -2 not in 0..3"},
+		{[]string{"serve", "--region", "x"}, "invalid value"},
+		{[]string{"serve", "--region", "0", "--data-dir", "/tmp/x", "--etcd", "127.0.0.1:2379"}, "mutually exclusive"},
+		{[]string{"serve", "--region", "0", "--listen", "nonsense"}, "--listen \"nonsense\": want host:port"},
+		{[]string{"serve", "--region", "0", "--listen", "127.0.0.1:70000"}, "--listen"},
+		{[]string{"serve", "--region", "0", "--metrics", "127.0.0.1:abc"}, "--metrics"},
+		{[]string{"serve", "--region", "0", "--etcd", "localhost"}, "--etcd endpoint 1"},
+		{[]string{"serve", "--region", "0", "--etcd", "127.0.0.1:2379,ftp://x:1"}, "--etcd endpoint 2"},
+		{[]string{"serve", "--region", "0", "--etcd", ","}, "no endpoints"},
+		{[]string{"serve", "--region", "0", "--etcd-client-url", "https://127.0.0.1:1"}, "--etcd-client-url"},
+		{[]string{"serve", "--region", "0", "--etcd-peer-url", "127.0.0.1:1"}, "--etcd-peer-url"},
+		{[]string{"serve", "--region", "0", "--lease-ttl", "1s"}, "--lease-ttl"},
+		{[]string{"serve", "--region", "0", "--lease-ttl", "2500ms"}, "whole seconds"},
+		{[]string{"serve", "--region", "0", "--max-block", "0"}, "--max-block 0"},
+		{[]string{"serve", "--region", "0", "--max-lead", "10ms"}, "--max-lead"},
+		{[]string{"serve", "--region", "0", "--rollback-bound", "-1ms"}, "--rollback-bound"},
+		{[]string{"serve", "--region", "0", "--key-prefix", "idrange"}, "--key-prefix"},
+		{[]string{"serve", "--region", "0", "--log-level", "loud"}, "--log-level"},
+		{[]string{"serve", "--region", "0", "--shutdown-timeout", "0s"}, "--shutdown-timeout"},
+		{[]string{"serve", "--region", "0", "--data-dir", ""}, "--data-dir must not be empty"},
+		{[]string{"serve", "--region", "0", "extra"}, "unexpected arguments"},
+		{[]string{"serve", "--region", "0", "--no-such-flag"}, "flag provided but not defined"},
+		// The fault flags do not exist without IDRANGE_FAULTS=1.
+		{[]string{"serve", "--region", "0", "--fault-clock-offset", "2s"}, "flag provided but not defined"},
+		{[]string{"mint"}, "--target is required"},
+		{[]string{"mint", "--target", "127.0.0.1:1"}, "-n 0 not in"},
+		{[]string{"mint", "--target", "127.0.0.1:1", "-n", "-3"}, "-n -3 not in"},
+		{[]string{"mint", "--target", "127.0.0.1:1", "-n", "1000000000"}, "not in 1..100000000"},
+		{[]string{"mint", "--target", "nohost", "-n", "1"}, "--target"},
+		{[]string{"mint", "--target", "127.0.0.1:1", "-n", "1", "--region", "9"}, "--region 9"},
+		{[]string{"mint", "--target", "127.0.0.1:1", "-n", "1", "--timeout", "0s"}, "--timeout"},
+		{[]string{"mint", "--target", "127.0.0.1:1", "-n", "1", "junk"}, "unexpected arguments"},
+	}
+	for _, tc := range cases {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			code, out, errs := runCmd(tc.args...)
+			if code != exitUsage {
+				t.Fatalf("exit %d, want %d; stderr %q", code, exitUsage, errs)
+			}
+			if out != "" {
+				t.Fatalf("stdout not empty: %q", out)
+			}
+			if !strings.Contains(errs, tc.msg) {
+				t.Fatalf("stderr %q does not contain %q", errs, tc.msg)
+			}
+		})
+	}
+}
+
+func TestServeFlagsDefaults(t *testing.T) {
+	c, err := parseServeFlags([]string{"--region", "2"}, &strings.Builder{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != defaultListen || c.Metrics != defaultMetrics || c.DataDir != defaultDataDir ||
+		c.LeaseTTL != defaultLeaseTTL || c.MaxLead != defaultMaxLead || len(c.Etcd) != 0 || c.Region != 2 {
+		t.Fatalf("defaults = %+v", c)
+	}
+	c, err = parseServeFlags([]string{"--region", "1", "--etcd", "10.0.0.1:2379, http://10.0.0.2:2379"}, &strings.Builder{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Etcd) != 2 || c.Etcd[1] != "http://10.0.0.2:2379" {
+		t.Fatalf("etcd = %q", c.Etcd)
+	}
+	t.Setenv(faultsEnv, "1")
+	c, err = parseServeFlags([]string{"--region", "0", "--fault-clock-offset", "-2s"}, &strings.Builder{})
+	if err != nil || c.FaultClockOffset != -2e9 {
+		t.Fatalf("fault flag with %s=1: %+v, %v", faultsEnv, c, err)
+	}
+}
