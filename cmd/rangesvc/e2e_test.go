@@ -1,0 +1,198 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/idrange/idrange/internal/service"
+	"github.com/idrange/idrange/internal/testenv"
+	"github.com/idrange/idrange/internal/wire"
+	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
+)
+
+// waitHealth watches the replica's health until it reports want.
+func waitHealth(t *testing.T, ctx context.Context, hc healthpb.HealthClient, want healthpb.HealthCheckResponse_ServingStatus) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	stream, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{Service: service.HealthService})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		r, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("health never became %v: %v", want, err)
+		}
+		if r.GetStatus() == want {
+			return
+		}
+	}
+}
+
+func checkIDs(t *testing.T, region int, seen map[snowflake.ID]bool, ids []snowflake.ID) {
+	t.Helper()
+	for _, id := range ids {
+		if seen[id] {
+			t.Fatalf("duplicate ID %d", id)
+		}
+		seen[id] = true
+		if _, err := snowflake.Decode(id); err != nil || id.Region() != region {
+			t.Fatalf("ID %d: region %d (want %d), %v", id, id.Region(), region, err)
+		}
+	}
+}
+
+// The real binary: serve on loopback random ports with an embedded etcd in a
+// temp dir; mint through `rangesvc mint` and the wire adapter; scrape
+// /metrics; jump the service clock back 2 s through the test-only hook
+// (NOT_SERVING, grants still above the HWM); kill -9; restart on the same
+// data dir: new blocks start above every earlier one; SIGTERM exits 0.
+func TestServeEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the rangesvc binary")
+	}
+	testenv.Binary(t) // build first: a cold build must not eat the test's deadline
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	const region = 1
+	dataDir := t.TempDir()
+	faultFile := filepath.Join(t.TempDir(), "clock-offset")
+	cfg := testenv.ServeConfig{
+		Region: region, DataDir: dataDir, Faults: true,
+		Args: []string{"--fault-clock-file", faultFile, "--log-level", "debug"},
+	}
+	start := time.Now()
+	p := testenv.StartServe(t, cfg)
+	t.Logf("serve listening after %v", time.Since(start))
+
+	seen := map[snowflake.ID]bool{}
+	checkIDs(t, region, seen, p.Mint(t, region, 1000))
+
+	t.Logf("first mint done after %v", time.Since(start))
+	cc := testenv.Dial(t, p.GRPCAddr)
+	a := wire.NewAllocator(cc)
+	hc := healthpb.NewHealthClient(cc)
+	lease, err := a.Acquire(ctx, region, "e2e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A 10 s block: its Hi runs ~10 s ahead of every clock, so only a
+	// persisted HWM can keep a later block above it.
+	b1, err := a.Allocate(ctx, lease, service.DefaultMaxBlock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b1.Worker != lease.Worker || b1.Len() < 1 {
+		t.Fatalf("block %+v for lease %+v", b1, lease)
+	}
+
+	metrics := p.Scrape(t)
+	for _, name := range service.MetricNames {
+		if !strings.Contains(metrics, "# TYPE "+name+" ") {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+	if !strings.Contains(metrics, `idrange_service_free_worker_codes{region="1"}`) {
+		t.Errorf("/metrics lacks free_worker_codes for region 1")
+	}
+	waitHealth(t, ctx, hc, healthpb.HealthCheckResponse_SERVING)
+
+	// Test-only fault: the service clock jumps back 2 s.
+	if err := os.WriteFile(faultFile, []byte("-2s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Signal(syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	if !p.WaitStderr("TEST-ONLY fault: service clock offset set", 20*time.Second) {
+		t.Fatalf("fault hook did not fire; stderr:\n%s", p.Stderr())
+	}
+	waitHealth(t, ctx, hc, healthpb.HealthCheckResponse_NOT_SERVING)
+	b2, err := a.Allocate(ctx, lease, 4096)
+	if err != nil {
+		t.Fatalf("grant with the service clock 2 s back: %v", err)
+	}
+	if b2.Lo < b1.Hi {
+		t.Fatalf("grant with the clock 2 s back starts at %d, below the HWM %d", b2.Lo, b1.Hi)
+	}
+	if m := p.Scrape(t); strings.Contains(m, "\nidrange_service_clock_rollback_ms 0\n") {
+		t.Errorf("clock_rollback_ms is 0 while the clock is 2 s back")
+	}
+	if err := os.WriteFile(faultFile, []byte("0s"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Signal(syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	waitHealth(t, ctx, hc, healthpb.HealthCheckResponse_SERVING)
+
+	// kill -9, restart on the same data dir (new ports).
+	p.Kill()
+	var ws syscall.WaitStatus
+	if st, ok := p.Cmd.ProcessState.Sys().(syscall.WaitStatus); ok {
+		ws = st
+	}
+	if !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("process was not killed by SIGKILL: %v", p.ExitErr())
+	}
+	p2 := testenv.StartServe(t, cfg)
+	cc2 := testenv.Dial(t, p2.GRPCAddr)
+	a2 := wire.NewAllocator(cc2)
+	// The etcd lease survived the restart (etcd extends leases on start), so
+	// the same owner continues on the same code: its next block must start
+	// above everything granted before the crash.
+	if _, err := a2.Renew(ctx, lease); err != nil {
+		t.Fatalf("renew after restart: %v", err)
+	}
+	b3, err := a2.Allocate(ctx, lease, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b3.Lo < b1.Hi || b3.Lo < b2.Hi {
+		t.Fatalf("block after kill -9 and restart starts at %d, below earlier blocks' end %d / %d", b3.Lo, b1.Hi, b2.Hi)
+	}
+	checkIDs(t, region, seen, p2.Mint(t, region, 1000))
+	if err := a2.Release(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a2.Allocate(ctx, lease, 1); !errors.Is(err, segment.ErrFenced) && !errors.Is(err, segment.ErrLeaseLost) {
+		t.Fatalf("grant after release: %v, want fenced", err)
+	}
+
+	// Graceful stop: exit status 0.
+	if err := p2.Stop(20 * time.Second); err != nil {
+		t.Fatalf("SIGTERM: %v\nstderr:\n%s", err, p2.Stderr())
+	}
+	if !strings.Contains(p2.Stderr(), "shutting down") {
+		t.Errorf("no shutdown log; stderr:\n%s", p2.Stderr())
+	}
+}
+
+// Bad flags through the real binary: exit status 2 and a message.
+func TestServeBadFlagsSubprocess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the rangesvc binary")
+	}
+	cmd := exec.Command(testenv.Binary(t), "serve", "--region", "9", "--listen", "127.0.0.1:0")
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitUsage {
+		t.Fatalf("exit: %v, want status %d", err, exitUsage)
+	}
+	if !strings.Contains(stderr.String(), "--region 9 not in 0..3") || stdout.Len() != 0 {
+		t.Fatalf("stdout %q stderr %q", stdout.String(), stderr.String())
+	}
+}
