@@ -165,7 +165,8 @@ type Store struct {
 	log  *slog.Logger
 
 	mu    sync.Mutex
-	cache map[[2]int]codeState // last state seen per (region, worker)
+	cache map[[2]int]codeState     // last state seen per (region, worker)
+	turns map[[2]int]chan struct{} // one grant at a time per code per Store
 }
 
 // codeState is a consistent view of one code's two keys at revision rev.
@@ -194,6 +195,7 @@ func NewStore(cli *clientv3.Client, cfg StoreConfig) (*Store, error) {
 		obs:   cfg.Observer,
 		log:   cfg.Logger,
 		cache: make(map[[2]int]codeState),
+		turns: make(map[[2]int]chan struct{}),
 	}, nil
 }
 
@@ -638,6 +640,27 @@ func (s *Store) remember(region, worker int, st codeState) {
 	}
 }
 
+// takeTurn waits (or until ctx ends) for the right to run a grant on a code
+// through this Store. Callers on one replica queue instead of racing each
+// other in etcd, where all but one would lose every round; replicas still
+// race, and the transaction's compares still decide.
+func (s *Store) takeTurn(ctx context.Context, region, worker int) (release func(), err error) {
+	s.mu.Lock()
+	k := [2]int{region, worker}
+	turn, ok := s.turns[k]
+	if !ok {
+		turn = make(chan struct{}, 1)
+		s.turns[k] = turn
+	}
+	s.mu.Unlock()
+	select {
+	case turn <- struct{}{}:
+		return func() { <-turn }, nil
+	case <-ctx.Done():
+		return nil, unavailable(ctx.Err(), "allocate region %d worker %d: waiting for the code's previous grant", region, worker)
+	}
+}
+
 func (s *Store) forget(region, worker int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -672,6 +695,11 @@ func (s *Store) allocate(ctx context.Context, l Lease, n int) (Block, error) {
 	if n < 1 || int64(n) > s.cfg.Policy.MaxBlock {
 		return Block{}, errors.Wrapf(ErrInvalid, "count %d not in 1..%d", n, s.cfg.Policy.MaxBlock)
 	}
+	done, err := s.takeTurn(ctx, l.Region, l.Worker)
+	if err != nil {
+		return Block{}, err
+	}
+	defer done()
 	// A cached view may be stale; it is only trusted as far as the commit's
 	// compares go. A stale view that says "not yours" is re-read before it
 	// is believed.
@@ -752,6 +780,13 @@ func (s *Store) allocate(ctx context.Context, l Lease, n int) (Block, error) {
 		if conflicts >= s.cfg.MaxConflicts {
 			return Block{}, errors.Wrapf(ErrUnavailable, "allocate region %d worker %d: lost %d races on the high-water mark",
 				l.Region, l.Worker, conflicts)
+		}
+		if conflicts > 2 {
+			// Replicas in lock-step keep colliding; a little jitter breaks it.
+			jitter := time.Duration(rand.Int64N(int64(min(conflicts, 10)) * int64(time.Millisecond)))
+			if err := clock.Sleep(ctx, jitter); err != nil {
+				return Block{}, unavailable(err, "allocate region %d worker %d: backing off", l.Region, l.Worker)
+			}
 		}
 	}
 }
