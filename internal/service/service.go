@@ -549,8 +549,16 @@ func (s *Service) Next(ctx context.Context, _ *idrangev1.NextRequest) (*idrangev
 	var resp *idrangev1.NextResponse
 	err := s.rpc(ctx, "Next", func(ctx context.Context) error {
 		id, err := m.Next(ctx)
-		if err != nil {
+		switch {
+		case err == nil:
+		case errors.Is(err, segment.ErrEpochExhausted), errors.Is(err, context.Canceled),
+			errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil:
 			return err
+		default:
+			// The replica's own lease or buffer is not the caller's
+			// business: whatever went wrong (lease lost, fenced, no
+			// block yet) is this replica being unavailable for now.
+			return status.Errorf(codes.Unavailable, "Next: %v", err)
 		}
 		resp = &idrangev1.NextResponse{Id: int64(id)}
 		return nil

@@ -511,3 +511,25 @@ func TestRunDetectsRollback(t *testing.T) {
 		t.Fatalf("watch after rollback: %v, %v", next, err)
 	}
 }
+
+// The replica's own minting troubles are Unavailable to a Next caller (who
+// holds no lease), never FailedPrecondition.
+func TestNextErrors(t *testing.T) {
+	f := newFixture(t, nil)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		err  error
+		code codes.Code
+	}{
+		{errors.Wrap(segment.ErrLeaseLost, "own lease"), codes.Unavailable},
+		{errors.Wrap(segment.ErrFenced, "own lease"), codes.Unavailable},
+		{errors.New("no block yet"), codes.Unavailable},
+		{errors.Wrap(snowflake.ErrEpochExhausted, "end"), codes.OutOfRange},
+	} {
+		f.svc.SetMinter(minterFunc(func(context.Context) (snowflake.ID, error) { return 0, tc.err }))
+		_, err := f.cli.Next(ctx, &idrangev1.NextRequest{})
+		if status.Code(err) != tc.code {
+			t.Errorf("minter error %v: code %v, want %v", tc.err, status.Code(err), tc.code)
+		}
+	}
+}

@@ -1,0 +1,73 @@
+package service
+
+import (
+	"context"
+	"sync"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/idrange/idrange/snowflake"
+)
+
+// MinterCloser is a Minter that holds resources (a lease) until closed;
+// *rangeclient.Client is one.
+type MinterCloser interface {
+	Minter
+	Close() error
+}
+
+// ErrMinterClosed is returned by LazyMinter.Next after Close.
+var ErrMinterClosed = errors.New("service: Next minter closed")
+
+// LazyMinter opens its MinterCloser on the first Next, so a replica takes a
+// worker code for the per-ID baseline only if somebody calls Next. A failed
+// open is returned to that caller and retried by the next one.
+type LazyMinter struct {
+	open func(ctx context.Context) (MinterCloser, error)
+
+	mu     sync.Mutex
+	m      MinterCloser
+	closed bool
+}
+
+// NewLazyMinter returns a LazyMinter that calls open on first use.
+func NewLazyMinter(open func(ctx context.Context) (MinterCloser, error)) *LazyMinter {
+	return &LazyMinter{open: open}
+}
+
+// Next mints one ID, opening the minter first if needed.
+func (l *LazyMinter) Next(ctx context.Context) (snowflake.ID, error) {
+	m, err := l.get(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return m.Next(ctx)
+}
+
+func (l *LazyMinter) get(ctx context.Context) (MinterCloser, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.closed:
+		return nil, ErrMinterClosed
+	case l.m != nil:
+		return l.m, nil
+	}
+	m, err := l.open(ctx)
+	if err != nil {
+		return nil, errors.Wrap(err, "service: open Next minter")
+	}
+	l.m = m
+	return m, nil
+}
+
+// Close closes the minter if it was opened; later Next calls fail.
+func (l *LazyMinter) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	if l.m == nil {
+		return nil
+	}
+	return l.m.Close()
+}

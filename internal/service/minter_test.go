@@ -1,0 +1,61 @@
+package service
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/idrange/idrange/snowflake"
+)
+
+type countingMinter struct {
+	next   atomic.Int64
+	closed atomic.Bool
+}
+
+func (c *countingMinter) Next(context.Context) (snowflake.ID, error) {
+	return snowflake.ID(c.next.Add(1)), nil
+}
+func (c *countingMinter) Close() error { c.closed.Store(true); return nil }
+
+func TestLazyMinter(t *testing.T) {
+	ctx := context.Background()
+	var opens atomic.Int64
+	fail := true
+	inner := &countingMinter{}
+	lm := NewLazyMinter(func(context.Context) (MinterCloser, error) {
+		opens.Add(1)
+		if fail {
+			return nil, errors.New("no lease")
+		}
+		return inner, nil
+	})
+	if _, err := lm.Next(ctx); err == nil {
+		t.Fatal("Next succeeded although open failed")
+	}
+	fail = false
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			if _, err := lm.Next(ctx); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := opens.Load(); n != 2 {
+		t.Fatalf("open called %d times, want 2 (one failure, one success)", n)
+	}
+	if got := inner.next.Load(); got != 16 {
+		t.Fatalf("inner minted %d, want 16", got)
+	}
+	if err := lm.Close(); err != nil || !inner.closed.Load() {
+		t.Fatalf("Close: %v, inner closed %v", err, inner.closed.Load())
+	}
+	if _, err := lm.Next(ctx); !errors.Is(err, ErrMinterClosed) {
+		t.Fatalf("Next after Close: %v", err)
+	}
+}
