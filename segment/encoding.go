@@ -137,7 +137,12 @@ func clip(b []byte) string {
 //
 //	P + "r<region>/lease/<worker, 3 digits>"   owner record, attached to the etcd lease
 //	P + "r<region>/hwm/<worker, 3 digits>"     high-water mark, no lease (forever)
+//	P + "r<region>/contend/<worker, 3 digits>" contention signal (value unused)
 type keys struct{ prefix string }
+
+func (k keys) contend(region, worker int) string {
+	return fmt.Sprintf("%sr%d/contend/%03d", k.prefix, region, worker)
+}
 
 func (k keys) leasePrefix(region int) string { return fmt.Sprintf("%sr%d/lease/", k.prefix, region) }
 func (k keys) hwmPrefix(region int) string   { return fmt.Sprintf("%sr%d/hwm/", k.prefix, region) }

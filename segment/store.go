@@ -29,7 +29,7 @@ const (
 	DefaultOpTimeout = 3 * time.Second
 	// DefaultMaxConflicts is how many lost HWM races one Allocate retries
 	// before giving up with ErrUnavailable.
-	DefaultMaxConflicts = 32
+	DefaultMaxConflicts = 64
 )
 
 // StoreConfig configures a Store. Zero fields take the documented defaults.
@@ -172,10 +172,33 @@ type Store struct {
 // codeState is a consistent view of one code's two keys at revision rev.
 // A nil KeyValue means the key was absent.
 type codeState struct {
-	rev   int64
-	lease *mvccpb.KeyValue
-	hwm   *mvccpb.KeyValue
+	rev        int64
+	lease      *mvccpb.KeyValue
+	hwm        *mvccpb.KeyValue
+	contendRev int64 // ModRevision of the contention key (0: absent)
 }
+
+// stateFrom builds a codeState from a Txn response whose first three ops
+// were Get lease key, Get HWM key, Get contention key.
+func stateFrom(resp *clientv3.TxnResponse) codeState {
+	st := codeState{rev: resp.Header.Revision, lease: first(resp.Responses[0]), hwm: first(resp.Responses[1])}
+	if c := first(resp.Responses[2]); c != nil {
+		st.contendRev = c.ModRevision
+	}
+	return st
+}
+
+// contentionAfter is how many lost races make a grant signal contention.
+//
+// Why a signal: the replica that just won a grant sends its next one as soon
+// as its reply arrives, while the loser first learns it lost; under sustained
+// load on one code the loser can lose round after round. A loser that has
+// lost contentionAfter times writes the code's contention key in the Else
+// branch of its failed Txn. Every grant compares that key's ModRevision, so
+// the winner's next grant fails too; a grant that failed only because of the
+// signal (HWM and lease unchanged) yields for about one round trip, letting
+// the signalling replica through. Nothing is written on the normal path.
+const contentionAfter = 2
 
 var _ Allocator = (*Store)(nil)
 
@@ -611,16 +634,24 @@ func first(r *etcdserverpb.ResponseOp) *mvccpb.KeyValue {
 	return kvs[0]
 }
 
+// sameKV reports whether two views of a key are the same version of it.
+func sameKV(a, b *mvccpb.KeyValue) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.ModRevision == b.ModRevision
+}
+
 // read returns a consistent view of a code's lease and HWM keys.
 func (s *Store) read(ctx context.Context, region, worker int) (codeState, error) {
-	lk, hk := s.keys.lease(region, worker), s.keys.hwm(region, worker)
+	lk, hk, ck := s.keys.lease(region, worker), s.keys.hwm(region, worker), s.keys.contend(region, worker)
 	octx, cancel := s.opCtx(ctx)
-	resp, err := s.cli.Txn(octx).Then(clientv3.OpGet(lk), clientv3.OpGet(hk)).Commit()
+	resp, err := s.cli.Txn(octx).Then(clientv3.OpGet(lk), clientv3.OpGet(hk), clientv3.OpGet(ck, clientv3.WithKeysOnly())).Commit()
 	cancel()
 	if err != nil {
 		return codeState{}, unavailable(err, "read region %d worker %d", region, worker)
 	}
-	return codeState{rev: resp.Header.Revision, lease: first(resp.Responses[0]), hwm: first(resp.Responses[1])}, nil
+	return stateFrom(resp), nil
 }
 
 func (s *Store) cached(region, worker int) (codeState, bool) {
@@ -705,7 +736,7 @@ func (s *Store) allocate(ctx context.Context, l Lease, n int) (Block, error) {
 	// is believed.
 	st, fromCache := s.cached(l.Region, l.Worker)
 	needRead := !fromCache
-	lk, hk := s.keys.lease(l.Region, l.Worker), s.keys.hwm(l.Region, l.Worker)
+	lk, hk, ck := s.keys.lease(l.Region, l.Worker), s.keys.hwm(l.Region, l.Worker), s.keys.contend(l.Region, l.Worker)
 	for conflicts := 0; ; {
 		if needRead {
 			var err error
@@ -739,14 +770,21 @@ func (s *Store) allocate(ctx context.Context, l Lease, n int) (Block, error) {
 			s.remember(l.Region, l.Worker, st)
 			return Block{}, errors.Wrapf(err, "region %d worker %d", l.Region, l.Worker)
 		}
+		orElse := []clientv3.Op{clientv3.OpGet(lk), clientv3.OpGet(hk), clientv3.OpGet(ck, clientv3.WithKeysOnly())}
+		if conflicts >= contentionAfter {
+			orElse = append(orElse, clientv3.OpPut(ck, "v1"))
+		}
 		octx, cancel := s.opCtx(ctx)
+		sent := time.Now()
 		resp, err := s.cli.Txn(octx).
 			If(clientv3.Compare(clientv3.CreateRevision(lk), "=", l.Token),
 				clientv3.Compare(clientv3.ModRevision(lk), "=", st.lease.ModRevision),
-				clientv3.Compare(clientv3.ModRevision(hk), "=", hwmRev)).
+				clientv3.Compare(clientv3.ModRevision(hk), "=", hwmRev),
+				clientv3.Compare(clientv3.ModRevision(ck), "=", st.contendRev)).
 			Then(clientv3.OpPut(hk, EncodeHighWater(g.Hi))).
-			Else(clientv3.OpGet(lk), clientv3.OpGet(hk)).
+			Else(orElse...).
 			Commit()
+		rtt := time.Since(sent)
 		cancel()
 		if err != nil {
 			// The put may or may not have committed. [g.Lo, g.Hi) is burned:
@@ -760,7 +798,7 @@ func (s *Store) allocate(ctx context.Context, l Lease, n int) (Block, error) {
 			// unchanged (the compare held).
 			hwmKV := &mvccpb.KeyValue{Key: []byte(hk), Value: []byte(EncodeHighWater(g.Hi)),
 				ModRevision: resp.Header.Revision}
-			s.remember(l.Region, l.Worker, codeState{rev: resp.Header.Revision, lease: st.lease, hwm: hwmKV})
+			s.remember(l.Region, l.Worker, codeState{rev: resp.Header.Revision, lease: st.lease, hwm: hwmKV, contendRev: st.contendRev})
 			return Block{
 				Region: l.Region, Worker: l.Worker, Lo: g.Lo, Hi: g.Hi,
 				ServiceTime: g.ServiceTime, ValidUntil: g.ValidUntil,
@@ -768,7 +806,12 @@ func (s *Store) allocate(ctx context.Context, l Lease, n int) (Block, error) {
 		}
 		// The compare failed: the Else reads are a fresh view. Either l was
 		// fenced (the next fence check says so) or another grant won.
-		st = codeState{rev: resp.Header.Revision, lease: first(resp.Responses[0]), hwm: first(resp.Responses[1])}
+		prev := st
+		st = stateFrom(resp)
+		if len(orElse) > 3 {
+			// Our Else wrote the contention key at this revision.
+			st.contendRev = resp.Header.Revision
+		}
 		fromCache = false
 		if err := s.fence(l, st); err != nil {
 			s.forget(l.Region, l.Worker)
@@ -781,12 +824,14 @@ func (s *Store) allocate(ctx context.Context, l Lease, n int) (Block, error) {
 			return Block{}, errors.Wrapf(ErrUnavailable, "allocate region %d worker %d: lost %d races on the high-water mark",
 				l.Region, l.Worker, conflicts)
 		}
-		if conflicts > 2 {
-			// Replicas in lock-step keep colliding; a little jitter breaks it.
-			jitter := time.Duration(rand.Int64N(int64(min(conflicts, 10)) * int64(time.Millisecond)))
-			if err := clock.Sleep(ctx, jitter); err != nil {
-				return Block{}, unavailable(err, "allocate region %d worker %d: backing off", l.Region, l.Worker)
+		if sameKV(prev.hwm, st.hwm) && sameKV(prev.lease, st.lease) {
+			// Only another replica's contention signal failed us: yield a
+			// random one to two round trips so it gets through (if both
+			// signalled, the shorter wait wins), then go again.
+			if err := clock.Sleep(ctx, rtt+rand.N(rtt+time.Millisecond)); err != nil {
+				return Block{}, unavailable(err, "allocate region %d worker %d: yielding to a contending replica", l.Region, l.Worker)
 			}
+			needRead = true // the HWM has most likely moved while we slept
 		}
 	}
 }
