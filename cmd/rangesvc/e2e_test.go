@@ -1,11 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -13,6 +15,7 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/idrange/idrange/internal/embedetcd"
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/internal/testenv"
 	"github.com/idrange/idrange/internal/wire"
@@ -195,4 +198,59 @@ func TestServeBadFlagsSubprocess(t *testing.T) {
 	if !strings.Contains(stderr.String(), "--region 9 not in 0..3") || stdout.Len() != 0 {
 		t.Fatalf("stdout %q stderr %q", stdout.String(), stderr.String())
 	}
+}
+
+// Two real replicas on one external etcd (--etcd), the second with its
+// service clock 2 s behind (--fault-clock-offset): one lease used through
+// both gets blocks that never overlap, and `rangesvc mint` through both
+// targets prints unique IDs.
+func TestServeTwoReplicasExternalEtcd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the rangesvc binary")
+	}
+	testenv.Binary(t)
+	etcd := embedetcd.StartForTest(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const region = 3
+	pa := testenv.StartServe(t, testenv.ServeConfig{Region: region, Etcd: etcd.Endpoints()})
+	pb := testenv.StartServe(t, testenv.ServeConfig{Region: region, Etcd: etcd.Endpoints(), Faults: true,
+		Args: []string{"--fault-clock-offset", "-2s"}})
+	aa := wire.NewAllocator(testenv.Dial(t, pa.GRPCAddr))
+	ab := wire.NewAllocator(testenv.Dial(t, pb.GRPCAddr))
+	lease, err := aa.Acquire(ctx, region, "two replicas")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks []segment.Block
+	for i := range 10 {
+		a := aa
+		if i%2 == 1 {
+			a = ab
+		}
+		t0 := time.Now()
+		b, err := a.Allocate(ctx, lease, 50_000)
+		if err != nil {
+			t.Fatalf("grant %d: %v", i, err)
+		}
+		t.Logf("grant %d via %d: [%d,%d) st=%v took %v", i, i%2, b.Lo, b.Hi, b.ServiceTime, time.Since(t0))
+		if len(blocks) > 0 && b.Lo < blocks[len(blocks)-1].Hi {
+			t.Fatalf("grant %d [%d,%d) starts below the previous block's end %d", i, b.Lo, b.Hi, blocks[len(blocks)-1].Hi)
+		}
+		blocks = append(blocks, b)
+	}
+	sorted := slices.Clone(blocks)
+	slices.SortFunc(sorted, func(x, y segment.Block) int { return cmp.Compare(x.Lo, y.Lo) })
+	for i := 1; i < len(sorted); i++ {
+		if sorted[i].Lo < sorted[i-1].Hi {
+			t.Fatalf("blocks overlap: [%d,%d) and [%d,%d)", sorted[i-1].Lo, sorted[i-1].Hi, sorted[i].Lo, sorted[i].Hi)
+		}
+	}
+	// The replica 2 s behind really is behind: its grant times say so.
+	if d := blocks[0].ServiceTime.Sub(blocks[1].ServiceTime); d < time.Second {
+		t.Fatalf("replica B's service time is only %v behind A's; the fault flag did not apply", d)
+	}
+	seen := map[snowflake.ID]bool{}
+	checkIDs(t, region, seen, testenv.Mint(t, []string{pa.GRPCAddr, pb.GRPCAddr}, region, 500))
+	checkIDs(t, region, seen, testenv.Mint(t, []string{pb.GRPCAddr}, region, 500))
 }
