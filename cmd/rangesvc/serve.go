@@ -137,7 +137,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		gl.Close()
 		return errors.Wrapf(err, "--metrics %s", cfg.Metrics)
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(service.ServerOptions()...)
 	svc.Register(gs)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))

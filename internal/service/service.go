@@ -35,6 +35,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
@@ -567,4 +568,16 @@ func (s *Service) Next(ctx context.Context, _ *idrangev1.NextRequest) (*idrangev
 		return nil, err
 	}
 	return resp, nil
+}
+
+// ServerOptions are the gRPC server options a replica should run with:
+// clients may send keepalive pings every 5 s (also between calls: a client
+// idles while its buffered blocks last), and the server pings idle
+// connections after 30 s and drops those that do not answer in 10 s, so a
+// vanished client's connection does not linger.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+	}
 }

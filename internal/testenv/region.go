@@ -131,7 +131,7 @@ func (r *Replica) start(t testing.TB, addr string) {
 	if err != nil {
 		t.Fatalf("testenv: listen %s: %v", addr, err)
 	}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(service.ServerOptions()...)
 	svc.Register(srv)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
