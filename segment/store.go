@@ -27,8 +27,9 @@ const (
 	DefaultLeaseTTL = 10 * time.Second
 	// DefaultOpTimeout bounds every single etcd call the Store makes.
 	DefaultOpTimeout = 3 * time.Second
-	// DefaultMaxConflicts is how many lost HWM races one Allocate retries
-	// before giving up with ErrUnavailable.
+	// DefaultMaxConflicts is how many failed grant transactions (lost HWM
+	// races, yields to a contending replica) one Allocate retries before
+	// giving up with ErrUnavailable.
 	DefaultMaxConflicts = 64
 )
 
@@ -46,7 +47,7 @@ type StoreConfig struct {
 	Clock clock.Clock
 	// OpTimeout bounds each etcd call. Default DefaultOpTimeout.
 	OpTimeout time.Duration
-	// MaxConflicts bounds HWM-race retries per Allocate. Default
+	// MaxConflicts bounds failed grant transactions per Allocate. Default
 	// DefaultMaxConflicts.
 	MaxConflicts int
 	// Logger receives warnings (corrupt values, failed clean-ups). Default:
@@ -100,18 +101,21 @@ func (c StoreConfig) Validate() error {
 	return c.Policy.Validate()
 }
 
-// Observer receives the Store's metric events. Every method must be cheap
-// and safe for concurrent use. Embed NopObserver to implement only some.
-// region and worker are always in range; worker is -1 where no code is
-// known (a failed Acquire).
+// Observer receives the Store's metric events (the service wires them to
+// Prometheus; segment itself imports no metrics library). Every method must
+// be cheap, non-blocking and safe for concurrent use. Embed NopObserver to
+// implement only some. Events are only reported for requests whose region
+// (and lease fields) are in range, so region and worker are always valid
+// label values; requests rejected as ErrInvalid before touching etcd are
+// not reported.
 type Observer interface {
 	// Granted: a block of size L units was committed; latency covers the
 	// whole Allocate (reads, retries, commit).
 	Granted(region, worker int, size int64, latency time.Duration)
 	// GrantFailed: Allocate returned err (classify with errors.Is).
 	GrantFailed(region, worker int, err error, latency time.Duration)
-	// Conflict: a grant transaction lost a race on the HWM (another replica
-	// or caller committed first) and is being retried.
+	// Conflict: a grant transaction failed its compare because another
+	// replica committed first (or signalled contention) and is retried.
 	Conflict(region, worker int)
 	// Acquired: a code was leased; AcquireFailed: Acquire returned err.
 	Acquired(region, worker int)
@@ -125,7 +129,7 @@ type Observer interface {
 	Corrupt(key string, err error)
 }
 
-// NopObserver ignores every event.
+// NopObserver ignores every event. Its methods do nothing.
 type NopObserver struct{}
 
 func (NopObserver) Granted(int, int, int64, time.Duration)     {}
@@ -157,6 +161,12 @@ func (NopObserver) Corrupt(string, error)                      {}
 //   - A value that does not decode stops that code (ErrCorrupt); Acquire
 //     skips codes whose HWM is corrupt (and reports them to the Observer and
 //     the log) rather than hand out a code that could not be allocated.
+//
+// Performance: the Store caches the last view of each code it granted on,
+// so an uncontended grant is one round trip (the fenced Txn; a stale cache
+// only costs a failed compare whose Else returns the fresh view). Grants on
+// one code through one Store take turns; across Stores they race in etcd,
+// with a contention signal (see contentionAfter) so no replica starves.
 type Store struct {
 	cli  *clientv3.Client
 	cfg  StoreConfig

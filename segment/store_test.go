@@ -79,6 +79,7 @@ func checkDisjoint(t *testing.T, blocks []segment.Block) {
 }
 
 func TestLifecycle(t *testing.T) {
+	t.Parallel() // each test has its own etcd
 	srv := embedetcd.StartForTest(t)
 	cli := srv.ClientForTest(t)
 	obs := &counter{}
@@ -150,6 +151,7 @@ func TestLifecycle(t *testing.T) {
 // TestConcurrentReplicasNeverOverlap: 8 callers on one code through two
 // Stores on two etcd clients (two service replicas) sharing one etcd.
 func TestConcurrentReplicasNeverOverlap(t *testing.T) {
+	t.Parallel() // each test has its own etcd
 	srv := embedetcd.StartForTest(t)
 	obs := &counter{}
 	stores := []*segment.Store{
@@ -218,6 +220,7 @@ func TestConcurrentReplicasNeverOverlap(t *testing.T) {
 // TestConcurrentAcquireDistinctCodes: acquisitions racing through two
 // replicas never hand one code to two live owners.
 func TestConcurrentAcquireDistinctCodes(t *testing.T) {
+	t.Parallel() // each test has its own etcd
 	srv := embedetcd.StartForTest(t)
 	stores := []*segment.Store{
 		newStore(t, srv.ClientForTest(t), segment.StoreConfig{}),
@@ -262,6 +265,7 @@ func TestConcurrentAcquireDistinctCodes(t *testing.T) {
 // from a fresh Store) start above every earlier Hi, also with the service
 // clock set back 2 s.
 func TestRestartGrantsAboveEarlierBlocks(t *testing.T) {
+	t.Parallel() // each test has its own etcd
 	srv := embedetcd.StartForTest(t)
 	cli := srv.ClientForTest(t)
 	st := newStore(t, cli, segment.StoreConfig{LeaseTTL: 30 * time.Second})
@@ -312,6 +316,7 @@ func TestRestartGrantsAboveEarlierBlocks(t *testing.T) {
 // grant starts exactly at the HWM; far beyond the lead it is backpressure,
 // and nothing is written.
 func TestClockBackStillAboveHWM(t *testing.T) {
+	t.Parallel() // each test has its own etcd
 	srv := embedetcd.StartForTest(t)
 	var off clock.Offset
 	st := newStore(t, srv.ClientForTest(t), segment.StoreConfig{Clock: &off})
@@ -353,6 +358,7 @@ func TestClockBackStillAboveHWM(t *testing.T) {
 // the code goes to a new owner with a bigger token, starting above the old
 // HWM, and the old token is refused everything.
 func TestFullRegionAndFencing(t *testing.T) {
+	t.Parallel() // each test has its own etcd
 	srv := embedetcd.StartForTestConfig(t, embedetcd.Config{UnsafeNoFsync: true})
 	cli := srv.ClientForTest(t)
 	obs := &counter{}
@@ -457,6 +463,7 @@ func TestFullRegionAndFencing(t *testing.T) {
 // and checks the owner is cut off. Synchronised on the watch event of the
 // key's deletion, not on a sleep.
 func TestLeaseExpiresForReal(t *testing.T) {
+	t.Parallel() // each test has its own etcd
 	srv := embedetcd.StartForTest(t)
 	cli := srv.ClientForTest(t)
 	st := newStore(t, cli, segment.StoreConfig{LeaseTTL: time.Second})
@@ -497,6 +504,7 @@ func TestLeaseExpiresForReal(t *testing.T) {
 
 // TestCorruptValuesStopTheCode writes garbage to etcd behind the Store's back.
 func TestCorruptValuesStopTheCode(t *testing.T) {
+	t.Parallel() // each test has its own etcd
 	srv := embedetcd.StartForTestConfig(t, embedetcd.Config{UnsafeNoFsync: true})
 	cli := srv.ClientForTest(t)
 	obs := &counter{}
@@ -597,6 +605,7 @@ func TestCorruptValuesStopTheCode(t *testing.T) {
 }
 
 func TestInvalidFields(t *testing.T) {
+	t.Parallel() // each test has its own etcd
 	srv := embedetcd.StartForTestConfig(t, embedetcd.Config{UnsafeNoFsync: true})
 	st := newStore(t, srv.ClientForTest(t), segment.StoreConfig{})
 	ctx := testCtx(t)
@@ -715,6 +724,7 @@ func (x *lostResponses) intercept(ctx context.Context, method string, req, reply
 // caller sees an error. Allocate must return ErrUnavailable and no block;
 // the next grant must start above what the lost commit wrote.
 func TestUnknownCommitNeverReturnsTheBlock(t *testing.T) {
+	t.Parallel() // each test has its own etcd
 	srv := embedetcd.StartForTestConfig(t, embedetcd.Config{UnsafeNoFsync: true})
 	var lost lostResponses
 	cli, err := clientv3.New(clientv3.Config{
