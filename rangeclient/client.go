@@ -1,0 +1,467 @@
+package rangeclient
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"google.golang.org/grpc"
+
+	"github.com/idrange/idrange/internal/clock"
+	"github.com/idrange/idrange/internal/wire"
+	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
+)
+
+// Client mints IDs from blocks granted by the range service. It is safe for
+// concurrent use. Build it with New; Close it to give its lease back.
+type Client struct {
+	cfg   Config
+	alloc segment.Allocator
+	conn  *grpc.ClientConn // nil with Config.Allocator
+	log   *slog.Logger
+
+	// Local time: nanoseconds since origin on the injected clock, plus a
+	// correction for readings that went backwards (custom clocks only).
+	sysClock bool
+	clk      clock.Clock
+	origin   time.Time
+	skew     atomic.Int64
+
+	cur   atomic.Pointer[block] // block minted from
+	next  atomic.Pointer[block] // prefetched block, promoted when cur ends
+	lease atomic.Pointer[leaseState]
+
+	mu        sync.Mutex    // serialises block installs, rotation and waitCh
+	waitCh    chan struct{} // closed (and replaced) on every state change
+	refillErr error         // last refill failure, nil after a success
+	recent    []*block      // last retired blocks (sealed), counted live
+	folded    int64         // IDs minted from older retired blocks
+
+	kick chan struct{} // wakes the refill loop (capacity 1)
+
+	ctx       context.Context // cancelled by Close
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closed    atomic.Bool
+	closeOnce sync.Once
+	closeErr  error
+
+	waiters atomic.Int64 // callers blocked waiting for a block
+	stats   counters
+	pol     policy // refill loop state (rate, latency, idleness)
+	metrics *collector
+}
+
+// counters are the client's monotonic counts. The hot path never touches
+// them: minted IDs are derived from the blocks' cursors.
+type counters struct {
+	mintedHigh atomic.Int64 // largest Minted reported (keeps it monotonic)
+
+	refills, refillErrors, backpressure, discarded atomic.Uint64
+	stalls                                         atomic.Uint64
+	acquisitions, renewals, renewalFailures        atomic.Uint64
+	expiries, fenced, clockRollbacks               atomic.Uint64
+}
+
+// New validates cfg, acquires a worker-code lease and waits for the first
+// block, so the first Next does not wait on the network. Retryable failures
+// (service unreachable, no free code) are retried with backoff until ctx is
+// done: pass a ctx with a deadline. Bad configuration, a region the service
+// does not serve and similar final errors return at once.
+func New(ctx context.Context, cfg Config) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	c := &Client{
+		cfg:    cfg,
+		log:    cfg.Logger,
+		clk:    cfg.Clock,
+		waitCh: make(chan struct{}),
+		recent: make([]*block, 0, 8),
+		kick:   make(chan struct{}, 1),
+	}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	switch cfg.Clock.(type) {
+	case nil, clock.System, *clock.System:
+		c.sysClock = true
+		c.origin = time.Now()
+	default:
+		c.origin = cfg.Clock.Now()
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	if cfg.Allocator != nil {
+		c.alloc = cfg.Allocator
+	} else {
+		conn, err := dial(cfg)
+		if err != nil {
+			c.cancel()
+			return nil, errors.Wrapf(err, "rangeclient: dial %v", cfg.Targets)
+		}
+		c.conn = conn
+		c.alloc = wire.NewAllocator(conn)
+	}
+	c.pol.init(c, c.now())
+	if cfg.Registerer != nil {
+		c.metrics = newCollector(c)
+		if err := cfg.Registerer.Register(c.metrics); err != nil {
+			c.abort()
+			return nil, errors.Wrap(err, "rangeclient: register metrics (wrap Config.Registerer with distinct labels per client)")
+		}
+	}
+	l, err := c.firstLease(ctx)
+	if err != nil {
+		c.abort()
+		return nil, err
+	}
+	c.lease.Store(l)
+	c.wg.Add(2)
+	go c.leaseLoop(l)
+	go c.refillLoop()
+	if err := c.waitFirstBlock(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// abort undoes a New that failed before the loops started.
+func (c *Client) abort() {
+	c.closed.Store(true)
+	c.cancel()
+	if c.metrics != nil {
+		c.cfg.Registerer.Unregister(c.metrics)
+	}
+	if c.conn != nil {
+		c.conn.Close()
+	}
+}
+
+// firstLease acquires the first lease, retrying retryable errors until ctx
+// is done.
+func (c *Client) firstLease(ctx context.Context) (*leaseState, error) {
+	bo := c.newBackoff()
+	for {
+		l, err := c.acquire(ctx)
+		if err == nil {
+			return l, nil
+		}
+		if errors.Is(err, ErrInvalidConfig) || errors.Is(err, segment.ErrInvalid) ||
+			errors.Is(err, segment.ErrCorrupt) || errors.Is(err, segment.ErrEpochExhausted) || errors.Is(err, wire.ErrProtocol) {
+			return nil, err
+		}
+		c.log.Warn("rangeclient: acquire failed; retrying", "err", err)
+		if serr := clock.Sleep(ctx, bo.next()); serr != nil {
+			return nil, errors.Mark(errors.Wrap(errors.Join(serr, err), "rangeclient: no lease before the context ended"), ErrUnavailable)
+		}
+	}
+}
+
+// waitFirstBlock waits until a block is buffered.
+func (c *Client) waitFirstBlock(ctx context.Context) error {
+	for {
+		ch, rerr := c.waitState()
+		l := c.lease.Load()
+		if err := l.err(c.now()); err != nil {
+			return err
+		}
+		if c.cur.Load() != nil {
+			return nil
+		}
+		if rerr != nil && isFinalRefillError(rerr) {
+			return errors.Wrap(rerr, "rangeclient: first block")
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			_, rerr = c.waitState()
+			return unavailable(ctx.Err(), rerr)
+		}
+	}
+}
+
+// unavailable is the error for "no block before the caller's deadline":
+// marked ErrUnavailable, with the context's error and the last refill
+// error (backpressure, service unreachable) both in the chain.
+func unavailable(ctxErr, refillErr error) error {
+	if refillErr != nil {
+		return errors.Mark(errors.Wrap(errors.Join(ctxErr, refillErr), "rangeclient: no block available"), ErrUnavailable)
+	}
+	return errors.Mark(errors.Wrap(ctxErr, "rangeclient: no block available yet"), ErrUnavailable)
+}
+
+// now is the local monotonic time in ns since the client started.
+func (c *Client) now() int64 {
+	if c.sysClock {
+		return int64(time.Since(c.origin))
+	}
+	return int64(c.clk.Now().Sub(c.origin)) + c.skew.Load()
+}
+
+// Next returns a new ID. At steady state it is one clock reading and one
+// compare-and-swap on the current block, with no lock, no allocation and
+// no network call.
+//
+// It fails at once with ErrLeaseLost when the lease is past its safety
+// deadline, with ErrFenced after the service fenced the lease, and with
+// ErrClosed after Close, all without a network call. When both buffered
+// blocks are used up it waits for the refill until ctx is done and then
+// returns ErrUnavailable (retryable). Above 4,096 IDs/ms the client runs
+// ahead of time until the service's bounded lead applies backpressure; Next
+// then waits (within ctx) for the service to grant again.
+func (c *Client) Next(ctx context.Context) (snowflake.ID, error) {
+	if b := c.cur.Load(); b != nil {
+		now := c.now()
+		if now < b.lease.deadline.Load() && now < b.validLocal {
+			if l, ok := b.take1(now); ok {
+				if l >= b.kickAt {
+					c.prefetch(b)
+				}
+				return b.id(l), nil
+			}
+		}
+	}
+	b, l, _, err := c.reserveSlow(ctx, 1)
+	if err != nil {
+		return 0, err
+	}
+	return b.id(l), nil
+}
+
+// NextN returns n new IDs (n >= 0). Runs of consecutive IDs are reserved
+// with one compare-and-swap each. On error the IDs returned so far are
+// valid and unique.
+func (c *Client) NextN(ctx context.Context, n int) ([]snowflake.ID, error) {
+	if n < 0 {
+		return nil, errors.Newf("rangeclient: NextN count %d is negative", n)
+	}
+	return c.AppendN(ctx, make([]snowflake.ID, 0, n), n)
+}
+
+// AppendN appends n new IDs to dst and returns it, like NextN; it does not
+// allocate when dst has room.
+func (c *Client) AppendN(ctx context.Context, dst []snowflake.ID, n int) ([]snowflake.ID, error) {
+	if n < 0 {
+		return dst, errors.Newf("rangeclient: AppendN count %d is negative", n)
+	}
+	for n > 0 {
+		b, first, k, err := c.reserve(ctx, int64(n))
+		if err != nil {
+			return dst, err
+		}
+		for l := first; l < first+k; l++ {
+			dst = append(dst, b.id(l))
+		}
+		n -= int(k)
+	}
+	return dst, nil
+}
+
+// reserve takes up to n consecutive positions from the current block.
+func (c *Client) reserve(ctx context.Context, n int64) (*block, int64, int64, error) {
+	if b := c.cur.Load(); b != nil {
+		now := c.now()
+		if now < b.lease.deadline.Load() && now < b.validLocal {
+			if f, k, ok := b.take(now, n); ok {
+				if f+k > b.kickAt {
+					c.prefetch(b)
+				}
+				return b, f, k, nil
+			}
+		}
+	}
+	return c.reserveSlow(ctx, n)
+}
+
+// reserveSlow is the path off the fast one: it reports lease errors at
+// once, promotes the prefetched block when the current one is finished, and
+// otherwise waits for a refill within ctx.
+func (c *Client) reserveSlow(ctx context.Context, n int64) (*block, int64, int64, error) {
+	waiting := false
+	defer func() {
+		if waiting {
+			c.waiters.Add(-1)
+		}
+	}()
+	for {
+		ch, rerr := c.waitState()
+		if c.closed.Load() {
+			return nil, 0, 0, ErrClosed
+		}
+		l := c.lease.Load()
+		now := c.now()
+		if err := l.err(now); err != nil {
+			return nil, 0, 0, err
+		}
+		if b := c.cur.Load(); b != nil {
+			if b.lease == l && now < b.validLocal {
+				if f, k, ok := b.take(now, n); ok {
+					if f+k > b.kickAt {
+						c.prefetch(b)
+					}
+					return b, f, k, nil
+				}
+			}
+			c.rotate(b)
+			continue
+		}
+		if rerr != nil && isFinalRefillError(rerr) {
+			return nil, 0, 0, errors.Wrap(rerr, "rangeclient: no block buffered and the service refuses to grant one")
+		}
+		if !waiting {
+			waiting = true
+			c.waiters.Add(1)
+			c.stats.stalls.Add(1)
+		}
+		c.kickRefill()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			_, rerr = c.waitState()
+			return nil, 0, 0, unavailable(ctx.Err(), rerr)
+		}
+	}
+}
+
+// prefetch wakes the refill loop once per block, when the cursor crosses
+// the block's prefetch point.
+func (c *Client) prefetch(b *block) {
+	if !b.kicked.Load() && b.kicked.CompareAndSwap(false, true) {
+		c.kickRefill()
+	}
+}
+
+func (c *Client) kickRefill() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// waitState returns the channel closed at the next state change and the
+// last refill error, read together.
+func (c *Client) waitState() (<-chan struct{}, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.waitCh, c.refillErr
+}
+
+func (c *Client) broadcastLocked() {
+	close(c.waitCh)
+	c.waitCh = make(chan struct{})
+}
+
+// rotate replaces b if it is still the current block and cannot be used.
+func (c *Client) rotate(b *block) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur.Load() != b {
+		return
+	}
+	c.normalizeLocked(c.now())
+	c.kickRefill()
+}
+
+// usable reports whether b can still mint under the current lease l.
+func usable(b *block, l *leaseState, now int64) bool {
+	return b.lease == l && l.err(now) == nil && !b.finished(now)
+}
+
+// normalizeLocked retires finished or stale blocks and promotes the
+// prefetched one, keeping the invariant next != nil => cur != nil.
+func (c *Client) normalizeLocked(now int64) {
+	l := c.lease.Load()
+	for {
+		cur := c.cur.Load()
+		if cur != nil && usable(cur, l, now) {
+			break
+		}
+		nx := c.next.Load()
+		if cur == nil && nx == nil {
+			return
+		}
+		c.cur.Store(nx)
+		c.next.Store(nil)
+		if cur != nil {
+			c.retireLocked(cur)
+		}
+	}
+	if nx := c.next.Load(); nx != nil && !usable(nx, l, now) {
+		c.next.Store(nil)
+		c.retireLocked(nx)
+	}
+}
+
+// retireLocked seals a block that has left the buffers and keeps it among
+// the recent ones whose minted count is still read live (a loser of a
+// compare-and-swap may be about to take back a speculative gap count).
+func (c *Client) retireLocked(b *block) {
+	b.seal()
+	if len(c.recent) == cap(c.recent) {
+		c.folded += c.recent[0].minted()
+		copy(c.recent, c.recent[1:])
+		c.recent = c.recent[:len(c.recent)-1]
+	}
+	c.recent = append(c.recent, b)
+}
+
+// dropLeaseBlocksLocked removes the blocks granted under l.
+func (c *Client) dropLeaseBlocksLocked(l *leaseState) {
+	if nx := c.next.Load(); nx != nil && nx.lease == l {
+		c.next.Store(nil)
+		c.retireLocked(nx)
+	}
+	if cur := c.cur.Load(); cur != nil && cur.lease == l {
+		c.cur.Store(c.next.Load())
+		c.next.Store(nil)
+		c.retireLocked(cur)
+	}
+}
+
+// Close stops minting at once, stops the background loops, gives the lease
+// back (best effort: it expires by its TTL anyway) and unregisters the
+// metrics. Later calls return ErrClosed; Close is idempotent and returns
+// the first call's result.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() { c.closeErr = c.close() })
+	return c.closeErr
+}
+
+func (c *Client) close() error {
+	// Cancel first: a lease loop woken by the kill below must not acquire
+	// a new lease on its way out.
+	c.cancel()
+	c.mu.Lock()
+	c.closed.Store(true)
+	l := c.lease.Load()
+	alive := l != nil && l.err(c.now()) == nil
+	if l != nil {
+		l.kill(ErrClosed)
+		c.dropLeaseBlocksLocked(l)
+	}
+	c.broadcastLocked()
+	c.mu.Unlock()
+	c.wg.Wait()
+
+	var errs error
+	if alive {
+		if err := c.releaseQuietly(l.seg); err != nil {
+			errs = errors.CombineErrors(errs, errors.Wrap(err, "rangeclient: release lease"))
+		}
+	}
+	if c.metrics != nil {
+		c.cfg.Registerer.Unregister(c.metrics)
+	}
+	if c.conn != nil {
+		if err := c.conn.Close(); err != nil {
+			errs = errors.CombineErrors(errs, errors.Wrap(err, "rangeclient: close connection"))
+		}
+	}
+	return errs
+}

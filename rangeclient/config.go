@@ -1,0 +1,255 @@
+package rangeclient
+
+import (
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/cockroachdb/errors"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/idrange/idrange/internal/clock"
+	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
+)
+
+// Defaults for Config fields left zero.
+const (
+	// DefaultRefillInterval is the span of time one block should last: with
+	// the time-following cursor a block of n linear units lives about
+	// n/4096 ms whatever the rate, so 1 s is 4,096,000 units.
+	DefaultRefillInterval = time.Second
+	// DefaultMinBlock is the smallest block requested: one millisecond.
+	DefaultMinBlock = 1 << snowflake.SequenceBits
+	// DefaultMaxBlock is the largest block requested: 10 s of span, the
+	// service's default limit (larger requests are refused there).
+	DefaultMaxBlock = 10_000 << snowflake.SequenceBits
+	// DefaultPrefetchThreshold: the next block is requested when less than
+	// half of the current one's expected life is left.
+	DefaultPrefetchThreshold = 0.5
+	// DefaultIdleTimeout: after this long without a minted ID the client
+	// stops refreshing its blocks (its lease is still renewed).
+	DefaultIdleTimeout = 30 * time.Second
+	// DefaultRPCTimeout bounds every call to the service.
+	DefaultRPCTimeout = time.Second
+	// DefaultSafetyMargin is subtracted from the granted TTL for the safety
+	// deadline. It covers clock-rate differences between this host and the
+	// etcd leader and the client's own detection delay.
+	DefaultSafetyMargin = time.Second
+	// DefaultBackoffBase and DefaultBackoffMax bound the exponential backoff
+	// (with jitter) between failed calls and gRPC reconnects.
+	DefaultBackoffBase = 50 * time.Millisecond
+	DefaultBackoffMax  = 2 * time.Second
+)
+
+// maxWireCount is the largest block count the wire format carries (uint32).
+const maxWireCount = math.MaxUint32
+
+// Config configures a Client. Exactly one of Targets and Allocator is
+// required; every other field has a documented default for its zero value.
+type Config struct {
+	// Targets are the gRPC addresses ("host:port") of the region's rangesvc
+	// replicas. The client balances calls over the reachable ones (gRPC
+	// round_robin), fails over when one is down and reconnects with
+	// exponential backoff (BackoffBase..BackoffMax). A single entry with a
+	// scheme ("dns:///rangesvc.internal:7400") is passed to gRPC as is.
+	Targets []string
+	// DialOptions are appended to the client's own gRPC options (insecure
+	// transport credentials, the resolver, backoff). Put TLS credentials
+	// here: options given later win.
+	DialOptions []grpc.DialOption
+	// Allocator is an in-process range service (the service's own Next RPC,
+	// tests, benchmarks). Mutually exclusive with Targets. Close does not
+	// close it.
+	Allocator segment.Allocator
+
+	// Region is the region code (0..3) of the worker-code lease. It must be
+	// the region the targeted service serves.
+	Region int
+	// Owner is free text recorded with the lease for operators. Default:
+	// "hostname/pid". At most 256 bytes of UTF-8.
+	Owner string
+
+	// RefillInterval is how long a block should last at steady state
+	// (default 1 s). The adaptive block size is RefillInterval in ms x 4,096
+	// units, grown when the client mints faster than 4,096 IDs/ms (see the
+	// package doc), clamped to [MinBlock, MaxBlock].
+	RefillInterval time.Duration
+	// MinBlock and MaxBlock bound the adaptive block size in linear units
+	// (ms<<12|seq). Defaults: 4,096 (1 ms) and 40,960,000 (10 s, the
+	// service's default maximum).
+	MinBlock, MaxBlock int
+	// FixedBlock, when > 0, pins every request to this many units (an
+	// operator override of the adaptive policy; MinBlock and MaxBlock do not
+	// apply). The service may still shrink a grant.
+	FixedBlock int
+	// PrefetchThreshold is the fraction (0, 1] of the current block's
+	// expected life left at which the next block is requested (default 0.5).
+	// The client starts earlier when its observed rate and refill latency say
+	// the threshold is too late: see the package doc.
+	PrefetchThreshold float64
+	// IdleTimeout: when no ID has been minted for this long the client stops
+	// refreshing blocks, so an idle client does not keep advancing its code's
+	// high-water mark; the next Next then waits for one refill (a counted
+	// stall). Default 30 s; negative keeps the buffers warm forever.
+	IdleTimeout time.Duration
+
+	// RPCTimeout bounds each call to the service (default 1 s).
+	RPCTimeout time.Duration
+	// SafetyMargin is subtracted from the TTL the service grants: the local
+	// safety deadline is (monotonic time the successful renewal was sent) +
+	// TTL - SafetyMargin. Default 1 s. It must leave room for at least one
+	// renewal: New fails if TTL - SafetyMargin <= RenewPeriod.
+	SafetyMargin time.Duration
+	// RenewPeriod is the time between renewals of the lease. Default: a third
+	// of the safe interval (TTL - SafetyMargin) of the granted lease, so two
+	// renewals can fail before the deadline.
+	RenewPeriod time.Duration
+	// BackoffBase and BackoffMax bound the exponential backoff with jitter
+	// between failed calls (lease, renewal, refill) and gRPC reconnects.
+	// Defaults 50 ms and 2 s.
+	BackoffBase, BackoffMax time.Duration
+
+	// Registerer receives the client's Prometheus metrics (namespace idrange,
+	// subsystem client); nil means no metrics. Several clients in one process
+	// need distinct labels: wrap it with prometheus.WrapRegistererWith.
+	// Close unregisters them.
+	Registerer prometheus.Registerer
+	// Logger receives lease and refill events; nil discards them.
+	Logger *slog.Logger
+	// Clock is the local time source. Only differences of its readings are
+	// used (elapsed time since a block arrived, the safety deadline), so it
+	// must be monotonic; the default (time.Now, whose readings carry Go's
+	// monotonic clock) is. Tests inject offsets or synctest's fake time. A
+	// reading that goes backwards is detected by the background loop and
+	// compensated, and cannot move the cursor backwards in any case.
+	Clock clock.Clock
+}
+
+// withDefaults returns c with zero fields replaced by their defaults.
+func (c Config) withDefaults() Config {
+	if c.Owner == "" {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			host = "unknown-host"
+		}
+		c.Owner = fmt.Sprintf("%s/%d", host, os.Getpid())
+		if len(c.Owner) > maxOwnerLen {
+			c.Owner = c.Owner[:maxOwnerLen]
+			for !utf8.ValidString(c.Owner) {
+				c.Owner = c.Owner[:len(c.Owner)-1]
+			}
+		}
+	}
+	if c.RefillInterval == 0 {
+		c.RefillInterval = DefaultRefillInterval
+	}
+	if c.MinBlock == 0 {
+		c.MinBlock = DefaultMinBlock
+	}
+	if c.MaxBlock == 0 {
+		c.MaxBlock = DefaultMaxBlock
+	}
+	if c.PrefetchThreshold == 0 {
+		c.PrefetchThreshold = DefaultPrefetchThreshold
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.RPCTimeout == 0 {
+		c.RPCTimeout = DefaultRPCTimeout
+	}
+	if c.SafetyMargin == 0 {
+		c.SafetyMargin = DefaultSafetyMargin
+	}
+	if c.BackoffBase == 0 {
+		c.BackoffBase = DefaultBackoffBase
+	}
+	if c.BackoffMax == 0 {
+		c.BackoffMax = DefaultBackoffMax
+	}
+	return c
+}
+
+const maxOwnerLen = 256
+
+// Validate reports the first field of c (after defaults) that is out of
+// range, wrapping ErrInvalidConfig with the field's name and value.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	bad := func(format string, args ...any) error {
+		return errors.Wrapf(ErrInvalidConfig, format, args...)
+	}
+	switch {
+	case len(c.Targets) == 0 && c.Allocator == nil:
+		return bad("one of Config.Targets and Config.Allocator is required")
+	case len(c.Targets) > 0 && c.Allocator != nil:
+		return bad("Config.Targets (%d entries) and Config.Allocator are mutually exclusive", len(c.Targets))
+	}
+	if err := checkTargets(c.Targets); err != nil {
+		return err
+	}
+	switch {
+	case c.Region < 0 || c.Region > snowflake.MaxRegion:
+		return bad("Config.Region %d not in 0..%d", c.Region, snowflake.MaxRegion)
+	case len(c.Owner) > maxOwnerLen:
+		return bad("Config.Owner is %d bytes, at most %d", len(c.Owner), maxOwnerLen)
+	case !utf8.ValidString(c.Owner):
+		return bad("Config.Owner %q is not valid UTF-8", c.Owner)
+	case c.RefillInterval < time.Millisecond:
+		return bad("Config.RefillInterval %v must be at least 1ms", c.RefillInterval)
+	case c.MinBlock < 1:
+		return bad("Config.MinBlock %d must be at least 1", c.MinBlock)
+	case c.MaxBlock < c.MinBlock:
+		return bad("Config.MaxBlock %d is below Config.MinBlock %d", c.MaxBlock, c.MinBlock)
+	case c.MaxBlock > maxWireCount:
+		return bad("Config.MaxBlock %d exceeds the wire limit %d", c.MaxBlock, int64(maxWireCount))
+	case c.FixedBlock < 0 || c.FixedBlock > maxWireCount:
+		return bad("Config.FixedBlock %d not in 0..%d (0 = adaptive)", c.FixedBlock, int64(maxWireCount))
+	case !(c.PrefetchThreshold > 0 && c.PrefetchThreshold <= 1): // also rejects NaN
+		return bad("Config.PrefetchThreshold %v not in (0, 1]", c.PrefetchThreshold)
+	case c.RPCTimeout < 0:
+		return bad("Config.RPCTimeout %v is negative", c.RPCTimeout)
+	case c.SafetyMargin < 0:
+		return bad("Config.SafetyMargin %v is negative", c.SafetyMargin)
+	case c.RenewPeriod < 0:
+		return bad("Config.RenewPeriod %v is negative", c.RenewPeriod)
+	case c.BackoffBase <= 0:
+		return bad("Config.BackoffBase %v must be positive", c.BackoffBase)
+	case c.BackoffMax < c.BackoffBase:
+		return bad("Config.BackoffMax %v is below Config.BackoffBase %v", c.BackoffMax, c.BackoffBase)
+	}
+	return nil
+}
+
+// checkTargets accepts "host:port" entries, or one entry with a gRPC scheme.
+func checkTargets(ts []string) error {
+	for i, t := range ts {
+		if strings.Contains(t, "://") {
+			if len(ts) != 1 {
+				return errors.Wrapf(ErrInvalidConfig,
+					"Config.Targets[%d] %q has a scheme; a target with a scheme must be the only one", i, t)
+			}
+			continue
+		}
+		host, port, err := net.SplitHostPort(t)
+		if err != nil {
+			return errors.Wrapf(ErrInvalidConfig, "Config.Targets[%d] %q is not host:port: %v", i, t, err)
+		}
+		p, err := strconv.Atoi(port)
+		if err != nil || p < 1 || p > 65535 {
+			return errors.Wrapf(ErrInvalidConfig, "Config.Targets[%d] %q: port %q not in 1..65535", i, t, port)
+		}
+		if host == "" {
+			return errors.Wrapf(ErrInvalidConfig, "Config.Targets[%d] %q has no host", i, t)
+		}
+	}
+	return nil
+}

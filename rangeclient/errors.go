@@ -1,0 +1,88 @@
+package rangeclient
+
+import (
+	"github.com/cockroachdb/errors"
+
+	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
+)
+
+// Sentinel errors returned by the Client. Check them with errors.Is; the
+// messages that wrap them say which lease, block or field was involved.
+//
+// Retryable (the client keeps working in the background and a later call may
+// succeed without restarting it): ErrLeaseLost, ErrFenced, ErrUnavailable.
+// Final: ErrClosed, ErrEpochExhausted, ErrInvalidConfig. IsRetryable tells
+// them apart.
+var (
+	// ErrLeaseLost: the client's worker-code lease is past its local safety
+	// deadline (the last renewal that succeeded was sent more than TTL -
+	// SafetyMargin ago), so the client stopped minting. It is decided locally,
+	// without any network call. The client acquires a fresh lease in the
+	// background and resumes by itself. Errors returned for it also satisfy
+	// errors.Is(err, segment.ErrLeaseLost).
+	ErrLeaseLost = errors.New("rangeclient: lease lost: past the local safety deadline")
+
+	// ErrFenced: the service answered that the client's lease is no longer
+	// the code's current one (segment.ErrFenced or segment.ErrLeaseLost in
+	// reply to a renewal or a grant). The client stopped minting at once and
+	// acquires a fresh lease in the background. The service's error stays in
+	// the chain, so errors.Is(err, segment.ErrFenced) works too.
+	ErrFenced = errors.New("rangeclient: fenced: the service no longer accepts this lease")
+
+	// ErrUnavailable: both block buffers are empty and no refill arrived
+	// before the caller's context ended (the service is slow or unreachable,
+	// or the code is at its 4,096 IDs/ms limit and the service applies
+	// backpressure). Retryable. The context's error and the last refill error
+	// are in the chain.
+	ErrUnavailable = errors.New("rangeclient: no block available before the deadline")
+
+	// ErrClosed: Close was called. Final.
+	ErrClosed = errors.New("rangeclient: client closed")
+
+	// ErrEpochExhausted: the service cannot grant blocks because the
+	// timestamp field would pass snowflake.MaxTimestamp. Final: a new ID
+	// format version is needed. Alias of snowflake.ErrEpochExhausted.
+	ErrEpochExhausted = snowflake.ErrEpochExhausted
+
+	// ErrInvalidConfig: a Config field is out of range; the message names the
+	// field. Returned by Config.Validate and New.
+	ErrInvalidConfig = errors.New("rangeclient: invalid config")
+)
+
+// IsRetryable reports whether a later call may succeed without building a
+// new Client: true for ErrLeaseLost, ErrFenced and ErrUnavailable (the client
+// recovers in the background), false for nil, ErrClosed, ErrEpochExhausted,
+// ErrInvalidConfig and anything else.
+func IsRetryable(err error) bool {
+	if err == nil || errors.Is(err, ErrClosed) || errors.Is(err, ErrEpochExhausted) || errors.Is(err, ErrInvalidConfig) {
+		return false
+	}
+	return errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrFenced) || errors.Is(err, ErrUnavailable)
+}
+
+// leaseLostError wraps ErrLeaseLost with detail and marks it as
+// segment.ErrLeaseLost, so callers checking either sentinel see it.
+func leaseLostError(format string, args ...any) error {
+	return errors.Mark(errors.Wrapf(ErrLeaseLost, format, args...), segment.ErrLeaseLost)
+}
+
+// fencedError keeps the service's error (cause) in the chain and marks the
+// result as ErrFenced.
+func fencedError(cause error, format string, args ...any) error {
+	return errors.Mark(errors.Wrapf(cause, format, args...), ErrFenced)
+}
+
+// isFencedReply reports whether a service error means "this lease is no
+// longer the code's owner": stop minting now.
+func isFencedReply(err error) bool {
+	return errors.Is(err, segment.ErrFenced) || errors.Is(err, segment.ErrLeaseLost)
+}
+
+// isFinalRefillError reports refill errors that will not go away by
+// retrying soon: callers waiting for a block get them at once instead of
+// waiting out their deadline. The refill loop still retries (with backoff),
+// so an operator's repair is picked up without a restart.
+func isFinalRefillError(err error) bool {
+	return errors.Is(err, segment.ErrEpochExhausted) || errors.Is(err, segment.ErrInvalid) || errors.Is(err, segment.ErrCorrupt)
+}

@@ -1,0 +1,73 @@
+package rangeclient
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/idrange/idrange/rangeclient/rangeclienttest"
+	"github.com/idrange/idrange/snowflake"
+)
+
+// bubbleStart is the service clock at the start of a synctest bubble
+// (whose own clock starts in 2000, before the epoch).
+var bubbleStart = time.Date(2030, time.March, 1, 12, 0, 0, 0, time.UTC)
+
+// fakeService returns an in-memory service for region 1 with TTL ttl.
+func fakeService(ttl time.Duration) *rangeclienttest.Service {
+	return rangeclienttest.New(rangeclienttest.Options{Region: 1, Start: bubbleStart, TTL: ttl})
+}
+
+// newTestClient builds a client on conn with test-friendly defaults and
+// closes it at the end of the test.
+func newTestClient(t testing.TB, conn *rangeclienttest.Conn, edit func(*Config)) *Client {
+	t.Helper()
+	cfg := Config{Allocator: conn, Region: 1, Owner: t.Name()}
+	if edit != nil {
+		edit(&cfg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := New(ctx, cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// checkUnique fails if ids has a duplicate.
+func checkUnique(t testing.TB, ids []snowflake.ID) {
+	t.Helper()
+	s := slices.Clone(ids)
+	slices.Sort(s)
+	for i := 1; i < len(s); i++ {
+		if s[i] == s[i-1] {
+			t.Fatalf("duplicate ID %d (%+v)", s[i], s[i].Parts())
+		}
+	}
+}
+
+// checkInGrants fails if an ID lies outside every block the service granted.
+func checkInGrants(t testing.TB, svc *rangeclienttest.Service, ids []snowflake.ID) {
+	t.Helper()
+	idx := rangeclienttest.Index(svc.Grants())
+	for _, id := range ids {
+		if _, ok := idx.Find(id); !ok {
+			t.Fatalf("ID %d (%+v, L=%d) is outside every granted block", id, id.Parts(), id.Linear())
+		}
+	}
+	if a, b, ok := rangeclienttest.Overlaps(svc.Grants()); ok {
+		t.Fatalf("service granted overlapping blocks %+v and %+v", a, b)
+	}
+}
+
+func mustNext(t testing.TB, c *Client) snowflake.ID {
+	t.Helper()
+	id, err := c.Next(context.Background())
+	if err != nil {
+		t.Fatalf("Next: %v", err)
+	}
+	return id
+}

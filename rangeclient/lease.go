@@ -1,0 +1,293 @@
+package rangeclient
+
+import (
+	"context"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
+)
+
+// killedDeadline poisons a lease's deadline: every monotonic reading is
+// past it, so the hot path's single comparison also covers fencing, close
+// and expiry.
+const killedDeadline = math.MinInt64
+
+// leaseState is one worker-code lease as the client holds it. The hot path
+// reads deadline only; everything else belongs to the lease loop.
+type leaseState struct {
+	seg segment.Lease
+
+	// deadline is the local monotonic safety deadline: the send time of
+	// the last successful renewal (or of the acquisition) + TTL - margin.
+	// It only moves forward, and only while it has not passed; kill sets
+	// it to killedDeadline for good.
+	deadline atomic.Int64
+	// why is the error a killed lease reports; set before deadline is
+	// poisoned.
+	why atomic.Pointer[error]
+	// expired is the error for "past the deadline", built once so that the
+	// failing hot path does not allocate.
+	expired error
+	killed  chan struct{}
+	once    sync.Once
+
+	period    int64 // renewal period, ns
+	nextRenew int64 // lease loop only
+	acquired  int64 // local instant of acquisition
+}
+
+func newLeaseState(sl segment.Lease, sent int64, margin, period time.Duration) *leaseState {
+	l := &leaseState{
+		seg: sl,
+		expired: leaseLostError("code %d/%d (token %d, lease %x): no renewal succeeded within TTL %v - margin %v",
+			sl.Region, sl.Worker, sl.Token, sl.LeaseID, sl.TTL, margin),
+		killed:    make(chan struct{}),
+		period:    int64(period),
+		nextRenew: sent + int64(period),
+		acquired:  sent,
+	}
+	l.deadline.Store(sent + int64(sl.TTL-margin))
+	return l
+}
+
+// err is nil while the lease may be used at now, else why not.
+func (l *leaseState) err(now int64) error {
+	if now < l.deadline.Load() {
+		return nil
+	}
+	if p := l.why.Load(); p != nil {
+		return *p
+	}
+	return l.expired
+}
+
+// kill ends the lease with err. Only the first call counts; it reports
+// whether it was that call.
+func (l *leaseState) kill(err error) bool {
+	first := false
+	l.once.Do(func() {
+		l.why.Store(&err)
+		l.deadline.Store(killedDeadline)
+		close(l.killed)
+		first = true
+	})
+	return first
+}
+
+func (l *leaseState) isKilled() bool {
+	select {
+	case <-l.killed:
+		return true
+	default:
+		return false
+	}
+}
+
+// extend moves the deadline to dl if the lease is still usable at now. A
+// renewal that comes back after the deadline passed does not revive the
+// lease: the client has already stopped minting and will take a fresh one.
+func (l *leaseState) extend(dl, now int64) bool {
+	for {
+		old := l.deadline.Load()
+		if old == killedDeadline || now >= old {
+			return false
+		}
+		if dl <= old || l.deadline.CompareAndSwap(old, dl) {
+			return true
+		}
+	}
+}
+
+// acquire takes a new lease with one call to the service and checks it.
+func (c *Client) acquire(ctx context.Context) (*leaseState, error) {
+	rctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
+	defer cancel()
+	sent := c.now()
+	sl, err := c.alloc.Acquire(rctx, c.cfg.Region, c.cfg.Owner)
+	if err != nil {
+		return nil, errors.Wrapf(err, "rangeclient: acquire a worker code in region %d", c.cfg.Region)
+	}
+	safe := sl.TTL - c.cfg.SafetyMargin
+	period := c.cfg.RenewPeriod
+	if period == 0 {
+		period = safe / 3
+	}
+	var bad error
+	switch {
+	case sl.Region != c.cfg.Region:
+		bad = errors.Wrapf(segment.ErrInvalid, "service leased region %d, asked for %d", sl.Region, c.cfg.Region)
+	case sl.Worker < 0 || sl.Worker > snowflake.MaxWorker:
+		bad = errors.Wrapf(segment.ErrInvalid, "service leased worker %d, not in 0..%d", sl.Worker, snowflake.MaxWorker)
+	case sl.Token <= 0:
+		bad = errors.Wrapf(segment.ErrInvalid, "service returned fencing token %d", sl.Token)
+	case sl.TTL <= 0:
+		bad = errors.Wrapf(segment.ErrInvalid, "service granted TTL %v", sl.TTL)
+	case safe <= 0:
+		bad = errors.Wrapf(ErrInvalidConfig, "Config.SafetyMargin %v leaves no safe interval of the granted TTL %v", c.cfg.SafetyMargin, sl.TTL)
+	case period <= 0 || period >= safe:
+		bad = errors.Wrapf(ErrInvalidConfig, "Config.RenewPeriod %v must be positive and below TTL %v - SafetyMargin %v", period, sl.TTL, c.cfg.SafetyMargin)
+	}
+	if bad != nil {
+		c.releaseQuietly(sl)
+		return nil, errors.Wrap(bad, "rangeclient: unusable lease")
+	}
+	c.stats.acquisitions.Add(1)
+	c.log.Info("rangeclient: lease acquired", "region", sl.Region, "worker", sl.Worker, "token", sl.Token,
+		"ttl", sl.TTL, "safe_for", safe, "renew_every", period)
+	return newLeaseState(sl, sent, c.cfg.SafetyMargin, period), nil
+}
+
+// releaseQuietly gives a lease back, best effort (the TTL ends it anyway).
+func (c *Client) releaseQuietly(sl segment.Lease) error {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
+	defer cancel()
+	err := c.alloc.Release(ctx, sl)
+	if err != nil {
+		c.log.Debug("rangeclient: release failed (the lease will expire by itself)", "worker", sl.Worker, "token", sl.Token, "err", err)
+	}
+	return err
+}
+
+// leaseLoop renews the current lease, notices its expiry, and replaces a
+// dead lease with a fresh one (possibly another code), until Close.
+func (c *Client) leaseLoop(l *leaseState) {
+	defer c.wg.Done()
+	bo := c.newBackoff()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	sleep := func(d time.Duration, killed <-chan struct{}) bool {
+		timer.Reset(max(d, 0))
+		select {
+		case <-timer.C:
+			return true
+		case <-killed:
+			timer.Stop() // Go >= 1.23: no stale tick can be received after Stop
+			return true
+		case <-c.ctx.Done():
+			timer.Stop()
+			return false
+		}
+	}
+	for c.ctx.Err() == nil {
+		if !l.isKilled() {
+			now := c.now()
+			dl := l.deadline.Load()
+			if now >= dl {
+				if l.kill(l.expired) {
+					c.stats.expiries.Add(1)
+					c.log.Warn("rangeclient: safety deadline passed without a successful renewal; minting stopped",
+						"worker", l.seg.Worker, "token", l.seg.Token)
+					c.leaseDied(l)
+				}
+				continue
+			}
+			if wait := min(l.nextRenew, dl) - now; wait > 0 {
+				if !sleep(time.Duration(wait), l.killed) {
+					return
+				}
+				continue
+			}
+			c.renew(l, bo)
+			continue
+		}
+		// The lease is dead: give it back if it may still exist, then take
+		// a fresh one. Next fails with the lease's error meanwhile.
+		if p := l.why.Load(); p != nil && !errors.Is(*p, ErrFenced) && !errors.Is(*p, ErrClosed) {
+			c.releaseQuietly(l.seg)
+		}
+		for c.ctx.Err() == nil {
+			nl, err := c.acquire(c.ctx)
+			if err == nil {
+				if !c.installLease(nl) {
+					c.releaseQuietly(nl.seg)
+					return
+				}
+				l = nl
+				bo.reset()
+				break
+			}
+			c.log.Warn("rangeclient: cannot acquire a new lease; retrying", "err", err)
+			if !sleep(bo.next(), nil) {
+				return
+			}
+		}
+	}
+}
+
+// renew sends one renewal of l and applies its outcome.
+func (c *Client) renew(l *leaseState, bo *backoff) {
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.RPCTimeout)
+	sent := c.now()
+	rl, err := c.alloc.Renew(ctx, l.seg)
+	cancel()
+	now := c.now()
+	switch {
+	case err == nil && rl.TTL > 0:
+		if l.extend(sent+int64(rl.TTL-c.cfg.SafetyMargin), now) {
+			c.stats.renewals.Add(1)
+			l.nextRenew = sent + l.period
+			bo.reset()
+			return
+		}
+		// Too late: the deadline passed while the renewal was in flight.
+		// The loop sees the expiry next.
+		c.stats.renewalFailures.Add(1)
+		c.log.Warn("rangeclient: renewal came back after the safety deadline", "worker", l.seg.Worker,
+			"sent_ago", time.Duration(now-sent))
+	case err == nil || isFencedReply(err):
+		if err == nil {
+			err = errors.Wrapf(segment.ErrLeaseLost, "renewal granted TTL %v", rl.TTL)
+		}
+		c.stats.renewalFailures.Add(1)
+		c.fence(l, err, "renewal")
+	case c.ctx.Err() != nil:
+		return
+	default:
+		c.stats.renewalFailures.Add(1)
+		d := bo.next()
+		l.nextRenew = now + int64(d)
+		c.log.Warn("rangeclient: lease renewal failed; minting continues until the safety deadline",
+			"worker", l.seg.Worker, "safe_for", time.Duration(l.deadline.Load()-now), "retry_in", d, "err", err)
+	}
+}
+
+// fence kills l because the service no longer accepts it.
+func (c *Client) fence(l *leaseState, cause error, during string) {
+	err := fencedError(cause, "rangeclient: code %d/%d (token %d) fenced during %s", l.seg.Region, l.seg.Worker, l.seg.Token, during)
+	if l.kill(err) {
+		c.stats.fenced.Add(1)
+		c.log.Error("rangeclient: lease fenced by the service; minting stopped", "worker", l.seg.Worker,
+			"token", l.seg.Token, "during", during, "err", cause)
+		c.leaseDied(l)
+	}
+}
+
+// leaseDied drops the buffered blocks of a killed lease and wakes waiters.
+func (c *Client) leaseDied(l *leaseState) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.dropLeaseBlocksLocked(l)
+	c.broadcastLocked()
+}
+
+// installLease makes nl the current lease unless the client is closing.
+func (c *Client) installLease(nl *leaseState) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed.Load() {
+		nl.kill(ErrClosed)
+		return false
+	}
+	old := c.lease.Load()
+	c.lease.Store(nl)
+	c.dropLeaseBlocksLocked(old)
+	c.broadcastLocked()
+	c.kickRefill()
+	return true
+}

@@ -1,0 +1,231 @@
+package rangeclient
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/idrange/idrange/rangeclient/rangeclienttest"
+	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
+)
+
+type ctxMarker struct{}
+
+// markedCtx is the context the tests pass to Next; the fake's hook fails
+// the test if any call to the service carries it (Next must not call the
+// network, not even indirectly with the caller's context).
+func markedCtx() context.Context {
+	return context.WithValue(context.Background(), ctxMarker{}, true)
+}
+
+func forbidCallerContext(t *testing.T, conn *rangeclienttest.Conn) {
+	conn.SetHook(func(ctx context.Context, m rangeclienttest.Method) error {
+		if ctx.Value(ctxMarker{}) != nil {
+			t.Errorf("%v call to the service carries the caller's context", m)
+		}
+		return nil
+	})
+}
+
+// shortLease is a client config for lease tests: TTL 3 s from the fake,
+// margin 1 s (safe interval 2 s), blocks spanning 5 s so that the buffers
+// outlast the safe interval and the deadline is what stops minting.
+func shortLease(cfg *Config) {
+	cfg.SafetyMargin = time.Second
+	cfg.RefillInterval = 5 * time.Second
+}
+
+// Renewals fail: before the safety deadline Next keeps minting from the
+// buffers; at the deadline it fails at once with ErrLeaseLost, without a
+// network call and without waiting; when the service is back the client
+// takes a fresh lease and resumes, with no duplicate.
+func TestLeaseLossFailsClosedAndRecovers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc := fakeService(3 * time.Second)
+		conn := svc.Conn()
+		forbidCallerContext(t, conn)
+		c := newTestClient(t, conn, shortLease)
+		old := c.Lease().Lease
+		var ids []snowflake.ID
+		for range 100 {
+			ids = append(ids, mustNext(t, c))
+			time.Sleep(10 * time.Millisecond)
+		}
+
+		conn.SetFault(rangeclienttest.Unreachable)
+		li := c.Lease()
+		if li.Err != nil || li.SafeFor <= 0 || li.SafeFor > 2*time.Second {
+			t.Fatalf("lease before the fault: %+v", li)
+		}
+		deadline := time.Now().Add(li.SafeFor)
+
+		// Inside the safe interval: minting goes on from the buffers.
+		for time.Now().Before(deadline.Add(-5 * time.Millisecond)) {
+			id, err := c.Next(markedCtx())
+			if err != nil {
+				t.Fatalf("Next %v before the deadline: %v", time.Until(deadline), err)
+			}
+			ids = append(ids, id)
+			time.Sleep(5 * time.Millisecond)
+		}
+		if c.Stats().RenewalFailures == 0 {
+			t.Fatal("no renewal failed during the fault")
+		}
+		time.Sleep(time.Until(deadline))
+
+		// At the deadline: fail at once, no waiting, no network call.
+		for range 3 {
+			before, calls := time.Now(), conn.TotalCalls()
+			id, err := c.Next(markedCtx())
+			if err == nil {
+				t.Fatalf("Next at the safety deadline returned %d (%+v)", id, id.Parts())
+			}
+			if !errors.Is(err, ErrLeaseLost) || !errors.Is(err, segment.ErrLeaseLost) || !IsRetryable(err) {
+				t.Fatalf("Next at the deadline: %v; want ErrLeaseLost (retryable)", err)
+			}
+			if d := time.Since(before); d != 0 {
+				t.Fatalf("failing Next took %v of (fake) time", d)
+			}
+			if n := conn.TotalCalls(); n != calls {
+				t.Logf("background loop made %d calls meanwhile", n-calls)
+			}
+			if _, err := c.NextN(markedCtx(), 10); !errors.Is(err, ErrLeaseLost) {
+				t.Fatalf("NextN at the deadline: %v", err)
+			}
+			time.Sleep(700 * time.Millisecond)
+		}
+		if err := c.Health(); !errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("Health = %v, want ErrLeaseLost", err)
+		}
+		if s := c.Stats(); s.Expiries != 1 {
+			t.Fatalf("Stats.Expiries = %d, want 1", s.Expiries)
+		}
+
+		// The service comes back: a fresh lease, minting resumes.
+		conn.SetFault(rangeclienttest.Healthy)
+		var err error
+		for range 100 {
+			time.Sleep(100 * time.Millisecond)
+			var id snowflake.ID
+			if id, err = c.Next(markedCtx()); err == nil {
+				ids = append(ids, id)
+				break
+			}
+		}
+		if err != nil {
+			t.Fatalf("client did not recover after 10 s: %v", err)
+		}
+		nl := c.Lease().Lease
+		if nl.Token <= old.Token {
+			t.Fatalf("new lease token %d not above the old %d", nl.Token, old.Token)
+		}
+		for range 1000 {
+			ids = append(ids, mustNext(t, c))
+		}
+		checkUnique(t, ids)
+		checkInGrants(t, svc, ids)
+		for _, g := range svc.Grants() {
+			if g.Token != old.Token && g.Token != nl.Token {
+				t.Fatalf("grant under unexpected token %d", g.Token)
+			}
+		}
+	})
+}
+
+// A fenced reply (the code has a new owner) stops minting at once, even
+// with full buffers and time left before the safety deadline.
+func TestFencedReplyStopsMintingAtOnce(t *testing.T) {
+	for _, during := range []rangeclienttest.Method{rangeclienttest.Renew, rangeclienttest.Allocate} {
+		t.Run(during.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				svc := fakeService(10 * time.Second)
+				connA := svc.Conn()
+				a := newTestClient(t, connA, func(cfg *Config) { cfg.RefillInterval = 5 * time.Second })
+				codeA := a.Lease().Lease
+				mustNext(t, a)
+
+				// The old lease ends and another owner takes the code. Only
+				// the call under test may carry the news (the other kind
+				// fails as unreachable), and while the test looks A cannot
+				// get a new code either.
+				blockAcquire := make(chan struct{})
+				connA.SetHook(func(ctx context.Context, m rangeclienttest.Method) error {
+					switch {
+					case m == rangeclienttest.Acquire:
+						select {
+						case <-blockAcquire:
+							return nil
+						default:
+							return errors.Wrap(segment.ErrNoFreeCode, "test: no code for you yet")
+						}
+					case m != during && (m == rangeclienttest.Renew || m == rangeclienttest.Allocate):
+						return errors.Wrap(segment.ErrUnavailable, "test: only the call under test gets through")
+					}
+					return nil
+				})
+				svc.Revoke(codeA.Worker)
+				b := newTestClient(t, svc.Conn(), nil)
+				if got := b.Lease().Lease; got.Worker != codeA.Worker || got.Token <= codeA.Token {
+					t.Fatalf("B got %+v, want code %d with a larger token than %d", got, codeA.Worker, codeA.Token)
+				}
+
+				// Keep A busy until the fenced reply arrives (a renewal
+				// comes within 3 s, a grant within a block's life).
+				var minted int
+				for end := time.Now().Add(10 * time.Second); a.Lease().Err == nil && time.Now().Before(end); {
+					if _, err := a.Next(context.Background()); err == nil {
+						minted++
+					}
+					time.Sleep(time.Millisecond)
+				}
+				li := a.Lease()
+				if li.Err == nil || li.SafeFor > 0 {
+					t.Fatalf("A's lease still safe (%+v) 10 s after the code changed owner", li)
+				}
+				want := map[rangeclienttest.Method]string{rangeclienttest.Renew: "during renewal", rangeclienttest.Allocate: "during block grant"}[during]
+				if !strings.Contains(li.Err.Error(), want) {
+					t.Fatalf("A stopped with %q, want a fence %s", li.Err, want)
+				}
+				if li.Err != nil && errors.Is(li.Err, ErrLeaseLost) {
+					t.Fatalf("A stopped by its deadline (%v), not by the fenced reply", li.Err)
+				}
+				before := time.Now()
+				_, err := a.Next(markedCtx())
+				if !errors.Is(err, ErrFenced) || !errors.Is(err, segment.ErrFenced) || !IsRetryable(err) {
+					t.Fatalf("Next after the fenced reply: %v; want ErrFenced", err)
+				}
+				if time.Since(before) != 0 {
+					t.Fatal("failing Next waited")
+				}
+				if s := a.Stats(); s.Fenced != 1 {
+					t.Fatalf("Stats.Fenced = %d", s.Fenced)
+				}
+
+				// A recovers on another code once one is free for it.
+				close(blockAcquire)
+				connA.SetHook(nil)
+				var id snowflake.ID
+				for range 100 {
+					time.Sleep(100 * time.Millisecond)
+					ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+					id, err = a.Next(ctx)
+					cancel()
+					if err == nil {
+						break
+					}
+				}
+				if err != nil {
+					t.Fatalf("A did not recover: %v", err)
+				}
+				if id.Worker() == codeA.Worker {
+					t.Fatalf("A minted on code %d, which B owns", id.Worker())
+				}
+			})
+		})
+	}
+}

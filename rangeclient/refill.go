@@ -1,0 +1,340 @@
+package rangeclient
+
+import (
+	"context"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
+)
+
+const (
+	// latencyFactor: the next block is requested at least this many
+	// observed refill latencies before the current one runs out.
+	latencyFactor = 4
+	// maxPlanSleep bounds the refill loop's sleep, so the rate estimate,
+	// idleness and clock-rollback detection stay fresh.
+	maxPlanSleep = 250 * time.Millisecond
+	// perMsCapacity is the number of linear positions per millisecond.
+	perMsCapacity = 1 << snowflake.SequenceBits
+)
+
+// policy is the refill loop's picture of the client's demand. The plain
+// fields belong to the refill loop; the atomics are read by Stats.
+type policy struct {
+	lastNow      int64 // last local reading, for rollback detection
+	lastSample   int64
+	sampleMinted int64
+	activeMinted int64
+	lastActive   atomic.Int64 // last instant minted IDs were seen to grow
+	maxSleep     time.Duration
+
+	rate    atomic.Uint64 // float64 bits: IDs per second, EWMA over RefillInterval
+	latency atomic.Int64  // refill latency EWMA, ns
+	count   atomic.Int64  // block size the next request asks for
+}
+
+func (p *policy) init(c *Client, now int64) {
+	p.lastNow, p.lastSample = now, now
+	p.lastActive.Store(now)
+	p.maxSleep = min(max(c.cfg.RefillInterval/4, time.Millisecond), maxPlanSleep)
+	p.count.Store(int64(c.blockCount(0)))
+}
+
+func (p *policy) ratePerSec() float64 { return math.Float64frombits(p.rate.Load()) }
+
+// blockCount is the size the next request asks for, given the observed rate
+// in IDs/s. See the package doc for the reasoning.
+//
+//	FixedBlock if set, else clamp(max(RefillInterval_ms*4096, rate*RefillInterval), MinBlock, MaxBlock)
+func (c *Client) blockCount(rate float64) int {
+	if c.cfg.FixedBlock > 0 {
+		return c.cfg.FixedBlock
+	}
+	span := c.cfg.RefillInterval
+	base := float64(span) / float64(time.Millisecond) * perMsCapacity
+	want := max(base, rate*span.Seconds())
+	want = min(max(want, float64(c.cfg.MinBlock)), float64(c.cfg.MaxBlock))
+	return int(want)
+}
+
+// sample updates the local clock correction, the activity mark and the
+// rate estimate. It returns the corrected local time.
+func (c *Client) sample() int64 {
+	p := &c.pol
+	now := c.now()
+	if !c.sysClock && now < p.lastNow {
+		back := p.lastNow - now
+		c.skew.Add(back)
+		now = p.lastNow
+		c.stats.clockRollbacks.Add(1)
+		c.log.Warn("rangeclient: local clock moved backwards; compensated (IDs follow the service's time)",
+			"back", time.Duration(back))
+	}
+	p.lastNow = now
+	minted := c.mintedTotal()
+	if minted != p.activeMinted {
+		p.activeMinted = minted
+		p.lastActive.Store(now)
+	}
+	if dt := now - p.lastSample; dt >= int64(time.Millisecond) {
+		inst := float64(minted-p.sampleMinted) / (float64(dt) / 1e9)
+		alpha := 1 - math.Exp(-float64(dt)/float64(c.cfg.RefillInterval))
+		r := p.ratePerSec()
+		r += alpha * (inst - r)
+		p.rate.Store(math.Float64bits(r))
+		p.lastSample, p.sampleMinted = now, minted
+		p.count.Store(int64(c.blockCount(r)))
+	}
+	return now
+}
+
+func (c *Client) idle(now int64) bool {
+	return c.cfg.IdleTimeout >= 0 && now-c.pol.lastActive.Load() >= int64(c.cfg.IdleTimeout)
+}
+
+// timeLeft estimates how long b can still serve at the observed rate: until
+// its validity ends, or until its positions run out if the client mints
+// faster than time advances the cursor.
+func (c *Client) timeLeft(b *block, now int64) int64 {
+	left := b.validLocal - now
+	if r := c.pol.ratePerSec(); r > 0 {
+		byIDs := float64(b.left(now)) / r * 1e9
+		if byIDs < float64(left) {
+			left = int64(byIDs)
+		}
+	}
+	return max(left, 0)
+}
+
+// lead is how long before b runs out the next block is requested:
+// PrefetchThreshold of b's expected life, or latencyFactor refill latencies
+// if that is longer.
+func (c *Client) lead(b *block) int64 {
+	life := float64(b.validLocal - b.sent)
+	if r := c.pol.ratePerSec(); r > 0 {
+		life = min(life, float64(b.hi-b.lo)/r*1e9)
+	}
+	return max(int64(c.cfg.PrefetchThreshold*life), latencyFactor*c.pol.latency.Load())
+}
+
+// kickAt is the cursor position at which the hot path asks for the next
+// block: the ID-count form of lead.
+func (c *Client) kickAt(b *block) int64 {
+	n := float64(b.hi - b.lo)
+	ids := c.cfg.PrefetchThreshold * n
+	if r := c.pol.ratePerSec(); r > 0 {
+		ids = max(ids, r*float64(latencyFactor*c.pol.latency.Load())/1e9)
+	}
+	return b.hi - int64(min(ids, n))
+}
+
+// plan decides whether to request a block now, and otherwise how long the
+// refill loop may sleep. It also retires blocks whose time has passed.
+func (c *Client) plan(now int64) (ch <-chan struct{}, fetch bool, wait time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch = c.waitCh
+	wait = c.pol.maxSleep
+	if c.closed.Load() {
+		return ch, false, time.Hour
+	}
+	c.normalizeLocked(now)
+	l := c.lease.Load()
+	if l.err(now) != nil {
+		return ch, false, wait // the lease loop broadcasts a new lease
+	}
+	cur, nx := c.cur.Load(), c.next.Load()
+	idle := c.idle(now)
+	switch {
+	case cur == nil:
+		return ch, !idle || c.waiters.Load() > 0, wait
+	case nx == nil:
+		if cur.kicked.Load() {
+			return ch, true, wait
+		}
+		if idle {
+			return ch, false, wait
+		}
+		left, lead := c.timeLeft(cur, now), c.lead(cur)
+		if left <= lead {
+			return ch, true, wait
+		}
+		return ch, false, min(wait, time.Duration(left-lead))
+	default:
+		return ch, false, min(wait, time.Duration(max(cur.validLocal-now, 0)))
+	}
+}
+
+// refillLoop keeps the double buffer filled until Close.
+func (c *Client) refillLoop() {
+	defer c.wg.Done()
+	bo := c.newBackoff()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	sleep := func(d time.Duration, ch <-chan struct{}) bool {
+		timer.Reset(max(d, 0))
+		defer timer.Stop()
+		select {
+		case <-timer.C:
+		case <-c.kick:
+		case <-ch:
+		case <-c.ctx.Done():
+			return false
+		}
+		return true
+	}
+	for c.ctx.Err() == nil {
+		now := c.sample()
+		ch, fetch, wait := c.plan(now)
+		if !fetch {
+			if !sleep(wait, ch) {
+				return
+			}
+			continue
+		}
+		l := c.lease.Load()
+		err := c.refillOnce(l)
+		var bp *segment.Backpressure
+		switch {
+		case err == nil:
+			bo.reset()
+			continue
+		case c.ctx.Err() != nil:
+			return
+		case isFencedReply(err):
+			c.stats.refillErrors.Add(1)
+			c.fence(l, err, "block grant")
+			continue
+		case errors.As(err, &bp):
+			c.stats.backpressure.Add(1)
+			c.setRefillErr(err)
+			d := min(max(bp.RetryAfter, time.Millisecond), c.cfg.BackoffMax)
+			c.log.Debug("rangeclient: service applies backpressure", "retry_after", bp.RetryAfter)
+			if !sleep(d, nil) {
+				return
+			}
+		default:
+			c.stats.refillErrors.Add(1)
+			c.setRefillErr(err)
+			d := bo.next()
+			c.log.Warn("rangeclient: block refill failed; retrying", "retry_in", d, "err", err)
+			if !sleep(d, ch) {
+				return
+			}
+		}
+	}
+}
+
+// setRefillErr records a failed refill; final ones wake the waiters so they
+// fail at once instead of waiting out their deadline.
+func (c *Client) setRefillErr(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.refillErr = err
+	if isFinalRefillError(err) {
+		c.broadcastLocked()
+	}
+}
+
+// refillOnce requests one block under l and installs it.
+func (c *Client) refillOnce(l *leaseState) error {
+	n := int(c.pol.count.Load())
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.RPCTimeout)
+	sent := c.now()
+	sb, err := c.alloc.Allocate(ctx, l.seg, n)
+	arrive := c.now()
+	cancel()
+	lat := arrive - sent
+	if old := c.pol.latency.Load(); old == 0 {
+		c.pol.latency.Store(lat)
+	} else {
+		c.pol.latency.Store(old + (lat-old)/4)
+	}
+	if c.metrics != nil {
+		c.metrics.refillLatency.Observe(time.Duration(lat).Seconds())
+	}
+	if err != nil {
+		return errors.Wrapf(err, "rangeclient: allocate %d IDs on code %d/%d", n, l.seg.Region, l.seg.Worker)
+	}
+	if err := checkBlock(sb, l.seg, n); err != nil {
+		return err
+	}
+	b := newBlock(sb, l, sent, arrive)
+	b.kickAt = c.kickAt(b)
+	c.stats.refills.Add(1)
+	if !c.install(b) {
+		c.stats.discarded.Add(1)
+	}
+	return nil
+}
+
+// checkBlock refuses a grant a correct service cannot send; using it could
+// overlap another block, so it is never minted from.
+func checkBlock(b segment.Block, l segment.Lease, asked int) error {
+	bad := func(format string, args ...any) error {
+		return errors.Wrapf(segment.ErrInvalid, "rangeclient: unusable grant for code %d/%d: "+format,
+			append([]any{l.Region, l.Worker}, args...)...)
+	}
+	switch {
+	case b.Region != l.Region || b.Worker != l.Worker:
+		return bad("block is for code %d/%d", b.Region, b.Worker)
+	case b.Lo < 0 || b.Hi <= b.Lo:
+		return bad("[%d, %d) is empty or negative", b.Lo, b.Hi)
+	case b.Hi > int64(snowflake.MaxTimestamp+1)<<snowflake.SequenceBits:
+		return bad("hi %d is past the end of the epoch", b.Hi)
+	case b.Hi-b.Lo > int64(asked):
+		return bad("%d IDs, more than the %d asked", b.Hi-b.Lo, asked)
+	case b.ServiceTime.Before(snowflake.Epoch) || b.ValidUntil.Before(b.ServiceTime):
+		return bad("service time %v / valid until %v out of order", b.ServiceTime, b.ValidUntil)
+	}
+	return nil
+}
+
+// install puts a fresh block into the buffers (current if empty, else next)
+// and wakes waiters. It drops blocks of a lease that is no longer current
+// and blocks that are already over: reporting false.
+func (c *Client) install(b *block) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.now()
+	if c.closed.Load() || c.lease.Load() != b.lease || !usable(b, b.lease, now) {
+		return false
+	}
+	c.refillErr = nil
+	c.normalizeLocked(now)
+	switch {
+	case c.cur.Load() == nil:
+		c.cur.Store(b)
+	case c.next.Load() == nil:
+		c.next.Store(b)
+	default:
+		return false
+	}
+	c.broadcastLocked()
+	return true
+}
+
+// mintedTotal is the number of IDs handed out so far. Each block's count
+// can only lag (see block.minted), and the result is kept monotonic.
+func (c *Client) mintedTotal() int64 {
+	c.mu.Lock()
+	v := c.folded
+	for _, b := range c.recent {
+		v += b.minted()
+	}
+	if b := c.cur.Load(); b != nil {
+		v += b.minted()
+	}
+	c.mu.Unlock()
+	for {
+		old := c.stats.mintedHigh.Load()
+		if v <= old || c.stats.mintedHigh.CompareAndSwap(old, v) {
+			return max(v, old)
+		}
+	}
+}

@@ -1,0 +1,316 @@
+package rangeclient
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/idrange/idrange/internal/clock"
+	"github.com/idrange/idrange/rangeclient/rangeclienttest"
+	"github.com/idrange/idrange/snowflake"
+)
+
+// The client's local clock jumps back and forth (Config.Clock): IDs stay
+// inside granted blocks, unique and increasing, because the cursor never
+// moves back and uniqueness rests on the service's high-water mark.
+func TestLocalClockJumpsNeverLeaveABlock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc := fakeService(10 * time.Second)
+		off := &clock.Offset{}
+		c := newTestClient(t, svc.Conn(), func(cfg *Config) { cfg.Clock = off })
+		var ids []snowflake.ID
+		mint := func(n int) {
+			for range n {
+				ids = append(ids, mustNext(t, c))
+				time.Sleep(500 * time.Microsecond)
+			}
+		}
+		mint(2000)
+		for _, jump := range []time.Duration{-time.Millisecond, -5 * time.Millisecond, -2 * time.Second,
+			3 * time.Second, -10 * time.Second, 500 * time.Millisecond, -time.Hour} {
+			off.Add(jump)
+			mint(3000)
+		}
+		for i := 1; i < len(ids); i++ {
+			if ids[i] <= ids[i-1] {
+				t.Fatalf("ID %d not above the previous after a clock jump", i)
+			}
+		}
+		checkUnique(t, ids)
+		checkInGrants(t, svc, ids)
+		if s := c.Stats(); s.ClockRollbacks == 0 {
+			t.Fatal("no rollback was detected")
+		}
+	})
+}
+
+// A backwards step of the local clock must not stretch the safety deadline
+// by more than the refill loop's detection delay.
+func TestLocalClockRollbackDoesNotExtendTheDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc := fakeService(3 * time.Second)
+		conn := svc.Conn()
+		off := &clock.Offset{}
+		c := newTestClient(t, conn, func(cfg *Config) { shortLease(cfg); cfg.Clock = off })
+		conn.SetFault(rangeclienttest.Unreachable)
+		deadline := time.Now().Add(c.Lease().SafeFor)
+		time.Sleep(time.Until(deadline) - 100*time.Millisecond)
+		off.Add(-time.Minute) // would buy a minute if taken at face value
+		limit := deadline.Add(2 * maxPlanSleep)
+		for time.Now().Before(limit.Add(time.Second)) {
+			_, err := c.Next(context.Background())
+			if err == nil && !time.Now().Before(limit) {
+				t.Fatalf("minted %v after the safety deadline, the clock rollback extended it", time.Since(deadline))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if _, err := c.Next(context.Background()); !errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("after the deadline: %v", err)
+		}
+	})
+}
+
+// freezableClock models a paused VM: while frozen it returns the instant
+// it froze at; afterwards it continues from there, behind real time.
+type freezableClock struct {
+	mu     sync.Mutex
+	frozen bool
+	at     time.Time
+	lag    time.Duration
+}
+
+func (f *freezableClock) Now() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.frozen {
+		return f.at
+	}
+	return time.Now().Add(-f.lag)
+}
+
+func (f *freezableClock) Freeze() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.at, f.frozen = time.Now().Add(-f.lag), true
+}
+
+func (f *freezableClock) Thaw() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lag, f.frozen = time.Since(f.at), false
+}
+
+// SPEC case 4: pause the old owner, let its lease expire, let a new owner
+// take the code, resume the old one. "Paused" is a process stopped with
+// requests in flight: its calls take effect but their replies are held, and
+// no Next runs; its monotonic clock keeps running (as under SIGSTOP). On
+// resume it mints nothing under the old lease: the first Next fails on the
+// local deadline while the replies are still held, and the held renewal
+// reply ("renewed") does not revive it because its deadline counts from the
+// time the renewal was sent.
+func TestSpecCase4PausedOwnerIsFenced(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc := fakeService(3 * time.Second)
+		connA := svc.Conn()
+		a := newTestClient(t, connA, shortLease)
+		leaseA := a.Lease().Lease
+		var idsA []snowflake.ID
+		for range 500 {
+			idsA = append(idsA, mustNext(t, a))
+			time.Sleep(time.Millisecond)
+		}
+		pausedAt := time.Now()
+		deadlineA := pausedAt.Add(a.Lease().SafeFor)
+		connA.SetFault(rangeclienttest.HoldReplies)
+
+		// The lease expires in the service; B takes the same code.
+		time.Sleep(5 * time.Second)
+		if _, ok := svc.Owner(leaseA.Worker); ok {
+			t.Fatal("A's lease still alive in the service after 5 s of pause")
+		}
+		b := newTestClient(t, svc.Conn(), shortLease)
+		leaseB := b.Lease().Lease
+		if leaseB.Worker != leaseA.Worker || leaseB.Token <= leaseA.Token {
+			t.Fatalf("B got %+v; want A's code %d with a token above %d", leaseB, leaseA.Worker, leaseA.Token)
+		}
+		var idsB []snowflake.ID
+		for range 500 {
+			idsB = append(idsB, mustNext(t, b))
+		}
+
+		// Resume A. Its first calls run while the replies it was waiting
+		// for are still held: the local deadline alone must stop it.
+		for range 3 {
+			before := time.Now()
+			id, err := a.Next(context.Background())
+			if err == nil {
+				t.Fatalf("resumed A minted %d (%+v) %v after its safety deadline", id, id.Parts(), time.Since(deadlineA))
+			}
+			if !errors.Is(err, ErrLeaseLost) || time.Since(before) != 0 {
+				t.Fatalf("resumed A: %v after %v; want ErrLeaseLost at once", err, time.Since(before))
+			}
+		}
+		// Then the held replies arrive (the renewal among them says
+		// "renewed"): A must not use its old lease again.
+		connA.SetFault(rangeclienttest.Healthy)
+		for range 50 {
+			id, err := a.Next(context.Background())
+			if err == nil {
+				idsA = append(idsA, id)
+				if g, ok := rangeclienttest.Index(svc.Grants()).Find(id); !ok || g.Token == leaseA.Token {
+					t.Fatalf("A minted %d under its old lease (grant %+v, found %v) after resuming", id, g, ok)
+				}
+			} else if !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrFenced) && !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("resumed A: %v", err)
+			}
+			time.Sleep(20 * time.Millisecond)
+			idsB = append(idsB, mustNext(t, b))
+		}
+		if got := a.Lease().Lease; got.Token == leaseA.Token {
+			t.Fatalf("A still holds its old lease %+v", got)
+		} else if got.Worker == leaseB.Worker {
+			t.Fatalf("A's new lease %+v is on B's code", got)
+		}
+		all := append(append([]snowflake.ID(nil), idsA...), idsB...)
+		checkUnique(t, all)
+		checkInGrants(t, svc, all)
+	})
+}
+
+// SPEC case 4 when the old owner's clock froze too (a paused VM whose
+// monotonic clock did not advance): it cannot know the time passed, so on
+// resume it may mint from the blocks it still holds. Those blocks lie below
+// the code's high-water mark, which the new owner's blocks start above, so
+// the IDs still never overlap; and the first call that reaches the service
+// is fenced, which stops it at once.
+func TestSpecCase4FrozenClockStillNoOverlap(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc := fakeService(3 * time.Second)
+		connA := svc.Conn()
+		clk := &freezableClock{}
+		a := newTestClient(t, connA, func(cfg *Config) { shortLease(cfg); cfg.Clock = clk })
+		leaseA := a.Lease().Lease
+		var idsA []snowflake.ID
+		for range 200 {
+			idsA = append(idsA, mustNext(t, a))
+			time.Sleep(time.Millisecond)
+		}
+		clk.Freeze()
+		connA.SetFault(rangeclienttest.HoldReplies)
+		time.Sleep(5 * time.Second)
+		b := newTestClient(t, svc.Conn(), shortLease)
+		if b.Lease().Lease.Worker != leaseA.Worker {
+			t.Fatalf("B did not take A's code")
+		}
+		var idsB []snowflake.ID
+		for range 200 {
+			idsB = append(idsB, mustNext(t, b))
+		}
+		// A acquires nothing new while we look, so its stop is visible.
+		connA.SetHook(func(ctx context.Context, m rangeclienttest.Method) error {
+			if m == rangeclienttest.Acquire {
+				return errors.New("test: no new lease for A")
+			}
+			return nil
+		})
+		clk.Thaw()
+		connA.SetFault(rangeclienttest.Healthy)
+		stale := 0
+		for range 3000 {
+			id, err := a.Next(context.Background())
+			if err != nil {
+				if !errors.Is(err, ErrFenced) && !errors.Is(err, ErrLeaseLost) {
+					t.Fatalf("A after thaw: %v", err)
+				}
+				break
+			}
+			stale++
+			idsA = append(idsA, id)
+			idsB = append(idsB, mustNext(t, b))
+			time.Sleep(time.Millisecond)
+		}
+		if a.Lease().Err == nil {
+			t.Fatal("A kept its lease for 3 s after thawing")
+		}
+		t.Logf("A minted %d IDs from its old blocks after the thaw before the service fenced it", stale)
+		all := append(append([]snowflake.ID(nil), idsA...), idsB...)
+		checkUnique(t, all)
+		checkInGrants(t, svc, all)
+	})
+}
+
+// SPEC case 6: the regional service becomes unreachable (requests dropped)
+// for several clients: they mint on inside their safe interval, then fail
+// closed with ErrLeaseLost; when it returns they recover without restart
+// and without duplicates.
+func TestSpecCase6ServiceIsolated(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc := fakeService(3 * time.Second)
+		const n = 3
+		conns := make([]*rangeclienttest.Conn, n)
+		clients := make([]*Client, n)
+		for i := range clients {
+			conns[i] = svc.Conn()
+			clients[i] = newTestClient(t, conns[i], shortLease)
+		}
+		var ids []snowflake.ID
+		mintAll := func() {
+			for _, c := range clients {
+				ids = append(ids, mustNext(t, c))
+			}
+		}
+		for range 200 {
+			mintAll()
+			time.Sleep(time.Millisecond)
+		}
+		deadlines := make([]time.Time, n)
+		for i, c := range clients {
+			conns[i].SetFault(rangeclienttest.Blackhole)
+			deadlines[i] = time.Now().Add(c.Lease().SafeFor)
+		}
+		lost := make([]bool, n)
+		for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+			for i, c := range clients {
+				id, err := c.Next(context.Background())
+				switch {
+				case err == nil && !time.Now().Before(deadlines[i]):
+					t.Fatalf("client %d minted %v after its safety deadline", i, time.Since(deadlines[i]))
+				case err == nil:
+					if lost[i] {
+						t.Fatalf("client %d minted again during the isolation", i)
+					}
+					ids = append(ids, id)
+				case time.Now().Before(deadlines[i]):
+					t.Fatalf("client %d failed %v before its deadline: %v", i, time.Until(deadlines[i]), err)
+				case !errors.Is(err, ErrLeaseLost):
+					t.Fatalf("client %d after its deadline: %v; want ErrLeaseLost", i, err)
+				default:
+					lost[i] = true
+				}
+			}
+		}
+		for i := range lost {
+			if !lost[i] {
+				t.Fatalf("client %d never failed closed", i)
+			}
+		}
+		for _, conn := range conns {
+			conn.SetFault(rangeclienttest.Healthy)
+		}
+		time.Sleep(3 * time.Second) // backoff is at most 2 s
+		for range 200 {
+			mintAll()
+		}
+		checkUnique(t, ids)
+		checkInGrants(t, svc, ids)
+		for i, c := range clients {
+			if s := c.Stats(); s.Expiries != 1 || s.Acquisitions != 2 {
+				t.Errorf("client %d: %d expiries, %d acquisitions; want 1 and 2", i, s.Expiries, s.Acquisitions)
+			}
+		}
+	})
+}

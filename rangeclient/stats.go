@@ -1,0 +1,126 @@
+package rangeclient
+
+import (
+	"time"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/idrange/idrange/segment"
+)
+
+// Stats are the client's counters and gauges, for tests and operators. The
+// same values are exported as Prometheus metrics when Config.Registerer is
+// set.
+type Stats struct {
+	Minted          int64  // IDs handed out
+	Refills         uint64 // blocks granted
+	RefillErrors    uint64 // failed grant requests (not counting backpressure)
+	Backpressure    uint64 // grants refused with segment.ErrBackpressure
+	Discarded       uint64 // granted blocks dropped unused (lease changed, expired on arrival)
+	Stalls          uint64 // Next/NextN calls that had to wait for a block
+	Acquisitions    uint64 // leases acquired
+	Renewals        uint64 // successful renewals
+	RenewalFailures uint64 // failed renewals (including fenced replies)
+	Expiries        uint64 // safety deadlines passed without a renewal
+	Fenced          uint64 // leases fenced by the service
+	ClockRollbacks  uint64 // backwards steps of the local clock compensated
+
+	BufferedIDs   int64         // positions left in the current and next block
+	BufferedFor   time.Duration // how long they last at the observed rate
+	Rate          float64       // IDs/s, EWMA over RefillInterval
+	RefillLatency time.Duration // EWMA of grant round trips
+	NextBlock     int           // size the next request asks for
+}
+
+// Stats returns a snapshot of the client's counters.
+func (c *Client) Stats() Stats {
+	now := c.now()
+	s := Stats{
+		Minted:          c.mintedTotal(),
+		Refills:         c.stats.refills.Load(),
+		RefillErrors:    c.stats.refillErrors.Load(),
+		Backpressure:    c.stats.backpressure.Load(),
+		Discarded:       c.stats.discarded.Load(),
+		Stalls:          c.stats.stalls.Load(),
+		Acquisitions:    c.stats.acquisitions.Load(),
+		Renewals:        c.stats.renewals.Load(),
+		RenewalFailures: c.stats.renewalFailures.Load(),
+		Expiries:        c.stats.expiries.Load(),
+		Fenced:          c.stats.fenced.Load(),
+		ClockRollbacks:  c.stats.clockRollbacks.Load(),
+		Rate:            c.pol.ratePerSec(),
+		RefillLatency:   time.Duration(c.pol.latency.Load()),
+		NextBlock:       int(c.pol.count.Load()),
+	}
+	l := c.lease.Load()
+	if l == nil || l.err(now) != nil {
+		return s
+	}
+	var until int64
+	for _, b := range []*block{c.cur.Load(), c.next.Load()} {
+		if b != nil && b.lease == l && !b.finished(now) {
+			s.BufferedIDs += b.left(now)
+			until = max(until, b.validLocal-now)
+		}
+	}
+	until = min(until, l.deadline.Load()-now)
+	if s.Rate > 0 {
+		until = min(until, int64(float64(s.BufferedIDs)/s.Rate*1e9))
+	}
+	s.BufferedFor = time.Duration(max(until, 0))
+	return s
+}
+
+// LeaseInfo describes the client's current worker-code lease.
+type LeaseInfo struct {
+	Lease segment.Lease // the code, token and etcd lease; zero before the first
+	// SafeFor is the time left before the local safety deadline (0 once
+	// past it or when the lease is dead).
+	SafeFor time.Duration
+	// Err is nil while the lease may be used, else why not (ErrLeaseLost,
+	// ErrFenced, ErrClosed).
+	Err error
+}
+
+// Lease returns the current lease and how long it is still safe.
+func (c *Client) Lease() LeaseInfo {
+	l := c.lease.Load()
+	if l == nil {
+		return LeaseInfo{Err: ErrLeaseLost}
+	}
+	now := c.now()
+	info := LeaseInfo{Lease: l.seg, Err: l.err(now)}
+	if info.Err == nil {
+		info.SafeFor = time.Duration(l.deadline.Load() - now)
+	}
+	return info
+}
+
+// Health is nil while the client can mint without waiting, else the reason
+// it cannot: ErrClosed, the lease's error (ErrLeaseLost, ErrFenced), or
+// ErrUnavailable (with the last refill error, if any) when no block is
+// buffered. An idle client that let its buffers run out on purpose is
+// healthy. Serve
+// it on a readiness endpoint.
+func (c *Client) Health() error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	now := c.now()
+	l := c.lease.Load()
+	if err := l.err(now); err != nil {
+		return err
+	}
+	for _, b := range []*block{c.cur.Load(), c.next.Load()} {
+		if b != nil && usable(b, l, now) {
+			return nil
+		}
+	}
+	if _, rerr := c.waitState(); rerr != nil {
+		return errors.Mark(errors.Wrap(rerr, "rangeclient: no block buffered"), ErrUnavailable)
+	}
+	if !c.idle(now) {
+		return errors.Wrap(ErrUnavailable, "rangeclient: no block buffered; refill in flight")
+	}
+	return nil
+}
