@@ -51,9 +51,18 @@ const (
 	TestElectionMs = 2000
 )
 
-// ErrNotReady is returned by Start when etcd did not become ready within
-// Config.ReadyTimeout (or the context ended first).
-var ErrNotReady = errors.New("embedetcd: etcd did not become ready")
+// Errors returned by Start.
+var (
+	// ErrNotReady: etcd did not become ready within Config.ReadyTimeout (or
+	// the context ended first).
+	ErrNotReady = errors.New("embedetcd: etcd did not become ready")
+	// ErrDirInUse: another embedded member (in this or another process)
+	// holds the data directory.
+	ErrDirInUse = errors.New("embedetcd: data dir is in use by another embedded etcd")
+)
+
+// lockFile is created in the data dir and flock'ed while a member runs.
+const lockFile = "idrange-embedetcd.lock"
 
 // Config configures an embedded etcd member. Only Dir is required.
 type Config struct {
@@ -154,6 +163,7 @@ type Server struct {
 
 	mu        sync.Mutex
 	e         *embed.Etcd
+	unlock    func() // releases the data dir lock
 	clientURL url.URL // actual bound address after the first start
 	peerURL   url.URL
 }
@@ -194,6 +204,16 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := os.MkdirAll(s.cfg.Dir, 0o700); err != nil {
 		return errors.Wrapf(err, "embedetcd: data dir %q", s.cfg.Dir)
 	}
+	unlock, err := lockDir(s.cfg.Dir)
+	if err != nil {
+		return err
+	}
+	started := false
+	defer func() {
+		if !started {
+			unlock()
+		}
+	}()
 	ec := embed.NewConfig()
 	ec.Name = s.cfg.Name
 	ec.Dir = s.cfg.Dir
@@ -240,7 +260,7 @@ func (s *Server) Start(ctx context.Context) error {
 	if len(e.Peers) > 0 && e.Peers[0].Listener != nil {
 		s.peerURL.Host = e.Peers[0].Addr().String()
 	}
-	s.e = e
+	s.e, s.unlock, started = e, unlock, true
 	return nil
 }
 
@@ -248,11 +268,12 @@ func (s *Server) Start(ctx context.Context) error {
 // no-op. Clients connected to it see Unavailable until it is started again.
 func (s *Server) Stop() {
 	s.mu.Lock()
-	e := s.e
-	s.e = nil
+	e, unlock := s.e, s.unlock
+	s.e, s.unlock = nil, nil
 	s.mu.Unlock()
 	if e != nil {
 		e.Close()
+		unlock()
 	}
 }
 

@@ -2,6 +2,9 @@ package embedetcd
 
 import (
 	"context"
+	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -61,5 +64,33 @@ func TestValidate(t *testing.T) {
 	}
 	if err := (Config{Dir: "x"}).Validate(); err != nil {
 		t.Errorf("minimal config: %v", err)
+	}
+}
+
+// TestSecondMemberOnSameDirFailsFast: without the data dir lock etcd's
+// backend would wait forever for the first member's file lock.
+func TestSecondMemberOnSameDirFailsFast(t *testing.T) {
+	s := StartForTest(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := Start(ctx, Config{Dir: s.Dir(), Logger: s.cfg.Logger}); !errors.Is(err, ErrDirInUse) {
+		t.Fatalf("second member on %s: %v, want ErrDirInUse", s.Dir(), err)
+	}
+	// After a Stop the directory is free again.
+	s.Stop()
+	s2, err := Start(ctx, Config{Dir: s.Dir(), Logger: s.cfg.Logger, TickMs: TestTickMs, ElectionMs: TestElectionMs})
+	if err != nil {
+		t.Fatalf("member after Stop: %v", err)
+	}
+	s2.Stop()
+}
+
+func TestStartOnAFileFails(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(f, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Start(context.Background(), Config{Dir: f}); err == nil || !strings.Contains(err.Error(), f) {
+		t.Fatalf("Start on a regular file: %v, want an error naming it", err)
 	}
 }
