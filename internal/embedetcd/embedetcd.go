@@ -163,7 +163,7 @@ type Server struct {
 
 	mu        sync.Mutex
 	e         *embed.Etcd
-	unlock    func() // releases the data dir lock
+	unlock    func()  // releases the data dir lock
 	clientURL url.URL // actual bound address after the first start
 	peerURL   url.URL
 }
