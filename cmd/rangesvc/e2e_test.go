@@ -15,6 +15,7 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/embedetcd"
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/internal/testenv"
@@ -99,6 +100,18 @@ func TestServeEndToEnd(t *testing.T) {
 	if b1.Worker != lease.Worker || b1.Len() < 1 {
 		t.Fatalf("block %+v for lease %+v", b1, lease)
 	}
+
+	// The per-ID baseline RPC mints on the replica's own lease.
+	rsc := idrangev1.NewRangeServiceClient(cc)
+	var nextIDs []snowflake.ID
+	for range 50 {
+		r, err := rsc.Next(ctx, &idrangev1.NextRequest{})
+		if err != nil {
+			t.Fatalf("Next: %v", err)
+		}
+		nextIDs = append(nextIDs, snowflake.ID(r.GetId()))
+	}
+	checkIDs(t, region, seen, nextIDs)
 
 	metrics := p.Scrape(t)
 	for _, name := range service.MetricNames {

@@ -9,12 +9,8 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/idrange/idrange/internal/clock"
-	"github.com/idrange/idrange/internal/wire"
-	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -91,56 +87,23 @@ func runMint(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	return w.Flush()
 }
 
-// mintIDs leases a code on the first target that answers, takes blocks
-// until it has N IDs, and releases the code.
+// mintIDs mints N IDs with the buffered client (rangeclient) over the
+// targets, then closes it (giving its lease back).
 func mintIDs(ctx context.Context, c mintConfig) ([]snowflake.ID, error) {
-	var errs error
-	for _, t := range c.Targets {
-		ids, err := mintVia(ctx, t, c)
-		if err == nil {
-			return ids, nil
-		}
-		errs = errors.CombineErrors(errs, errors.Wrapf(err, "target %s", t))
-		if !errors.Is(err, segment.ErrUnavailable) || ctx.Err() != nil {
-			break
-		}
-	}
-	return nil, errs
-}
-
-func mintVia(ctx context.Context, target string, c mintConfig) ([]snowflake.ID, error) {
-	cc, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cl, err := rangeclient.New(ctx, rangeclient.Config{
+		Targets: c.Targets,
+		Region:  c.Region,
+		Owner:   "rangesvc mint",
+	})
 	if err != nil {
-		return nil, errors.Wrap(err, "dial")
+		return nil, err
 	}
-	defer cc.Close()
-	a := wire.NewAllocator(cc)
-	l, err := a.Acquire(ctx, c.Region, "rangesvc mint")
+	ids, err := cl.NextN(ctx, c.N)
+	// Best effort: a lease that is not released expires by its TTL, and the
+	// IDs already minted stay valid either way.
+	_ = cl.Close()
 	if err != nil {
-		return nil, errors.Wrap(err, "acquire lease")
-	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		_ = a.Release(rctx, l)
-	}()
-	ids := make([]snowflake.ID, 0, c.N)
-	for len(ids) < c.N {
-		want := min(c.N-len(ids), 10_000*4096)
-		b, err := a.Allocate(ctx, l, want)
-		var bp *segment.Backpressure
-		if errors.As(err, &bp) {
-			if err := clock.Sleep(ctx, max(bp.RetryAfter, time.Millisecond)); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		if err != nil {
-			return nil, errors.Wrap(err, "allocate block")
-		}
-		for x := b.Lo; x < b.Hi && len(ids) < c.N; x++ {
-			ids = append(ids, b.ID(x))
-		}
+		return nil, errors.Wrapf(err, "minted %d of %d", len(ids), c.N)
 	}
 	return ids, nil
 }

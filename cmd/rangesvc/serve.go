@@ -123,10 +123,8 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 	minter := newServiceMinter(st, cfg.Region, log)
-	if minter != nil {
-		svc.SetMinter(minter)
-		defer minter.Close()
-	}
+	svc.SetMinter(minter)
+	defer minter.Close() // after the gRPC drain: releases the Next lease
 
 	gl, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

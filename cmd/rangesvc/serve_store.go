@@ -1,12 +1,16 @@
 package main
 
 import (
+	"context"
+	"fmt"
 	"log/slog"
+	"os"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/service"
+	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 )
 
@@ -29,14 +33,17 @@ func (c serveConfig) storeConfig() segment.StoreConfig {
 	}
 }
 
-// serviceMinter backs the Next RPC.
-type serviceMinter interface {
-	service.Minter
-	Close() error
-}
-
-// newServiceMinter returns the minter behind Next, or nil (Next then
-// answers Unimplemented) until rangeclient exists.
-func newServiceMinter(a segment.Allocator, region int, log *slog.Logger) serviceMinter {
-	return nil
+// newServiceMinter is the minter behind the Next RPC (the per-ID
+// baseline): a rangeclient over the replica's own store, opened on the
+// first Next so a replica takes a worker code only if somebody asks.
+func newServiceMinter(a segment.Allocator, region int, log *slog.Logger) *service.LazyMinter {
+	return service.NewLazyMinter(func(ctx context.Context) (service.MinterCloser, error) {
+		host, _ := os.Hostname()
+		return rangeclient.New(ctx, rangeclient.Config{
+			Allocator: a,
+			Region:    region,
+			Owner:     fmt.Sprintf("rangesvc Next %s/%d", host, os.Getpid()),
+			Logger:    log.With("component", "next-minter"),
+		})
+	})
 }

@@ -36,6 +36,11 @@ type Config struct {
 	// Service, if set, adjusts the service.Config before New (Region,
 	// Allocator, Clock, Metrics are filled in already).
 	Service func(*service.Config)
+	// Next, if set, opens the minter behind the Next RPC on first use, over
+	// the replica's own store (pass a rangeclient.New with
+	// Config.Allocator = a). testenv does not import rangeclient itself, so
+	// rangeclient's own tests can use testenv. nil: Next is Unimplemented.
+	Next func(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error)
 	// Logger for store and service; nil discards.
 	Logger *slog.Logger
 }
@@ -62,6 +67,7 @@ type Replica struct {
 	srv      *grpc.Server
 	cancel   context.CancelFunc
 	done     chan struct{}
+	minter   *service.LazyMinter
 }
 
 // Start stands up a replica and stops it at the end of the test.
@@ -123,6 +129,14 @@ func (r *Replica) start(t testing.TB, addr string) {
 	if r.cfg.Service != nil {
 		r.cfg.Service(&svcCfg)
 	}
+	var minter *service.LazyMinter
+	if r.cfg.Next != nil {
+		open := r.cfg.Next
+		minter = service.NewLazyMinter(func(ctx context.Context) (service.MinterCloser, error) {
+			return open(ctx, store, region)
+		})
+		svcCfg.Minter = minter
+	}
 	svc, err := service.New(svcCfg)
 	if err != nil {
 		t.Fatalf("testenv: service.New: %v", err)
@@ -141,6 +155,7 @@ func (r *Replica) start(t testing.TB, addr string) {
 	r.mu.Lock()
 	r.Addr = lis.Addr().String()
 	r.store, r.svc, r.registry, r.srv, r.cancel, r.done = store, svc, reg, srv, cancel, done
+	r.minter = minter
 	r.mu.Unlock()
 }
 
@@ -178,7 +193,7 @@ func (r *Replica) Kill() { r.stop(false) }
 
 func (r *Replica) stop(graceful bool) {
 	r.mu.Lock()
-	srv, cancel, done, svc := r.srv, r.cancel, r.done, r.svc
+	srv, cancel, done, svc, minter := r.srv, r.cancel, r.done, r.svc, r.minter
 	r.srv = nil
 	r.mu.Unlock()
 	if srv == nil {
@@ -189,6 +204,9 @@ func (r *Replica) stop(graceful bool) {
 		srv.GracefulStop()
 	} else {
 		srv.Stop()
+	}
+	if minter != nil {
+		minter.Close()
 	}
 	cancel()
 	<-done

@@ -13,8 +13,12 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/embedetcd"
+	"github.com/idrange/idrange/internal/service"
+	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
 )
 
 // Eight callers on one code, spread over two replicas that share one etcd,
@@ -162,5 +166,40 @@ func TestStaleTokenIsFencedOverGRPC(t *testing.T) {
 	bogus := segment.Lease{Region: 0, Worker: (l.Worker + 1) % 256, Token: 1 << 40, LeaseID: 12345}
 	if _, err := a.Allocate(ctx, bogus, 10); status.Code(err) != codes.InvalidArgument || !errors.Is(err, segment.ErrInvalid) {
 		t.Fatalf("grant with an unknown token: %v, want InvalidArgument", err)
+	}
+}
+
+// The Next RPC mints on the replica's own lease through rangeclient.
+func TestNextRPC(t *testing.T) {
+	r := Start(t, Config{Region: 3, Next: func(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error) {
+		return rangeclient.New(ctx, rangeclient.Config{Allocator: a, Region: region, Owner: "testenv next"})
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cli := idrangev1.NewRangeServiceClient(r.Dial(t))
+	seen := map[int64]bool{}
+	var last int64
+	for range 200 {
+		resp, err := cli.Next(ctx, &idrangev1.NextRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := snowflake.ID(resp.GetId())
+		if seen[resp.GetId()] || id.Region() != 3 || resp.GetId() <= last {
+			t.Fatalf("Next returned %d (region %d) after %d", id, id.Region(), last)
+		}
+		seen[resp.GetId()] = true
+		last = resp.GetId()
+	}
+	leases, err := r.Store().List(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(leases) != 1 {
+		t.Fatalf("%d leases in region 3, want 1 (the Next minter's)", len(leases))
+	}
+	r.Stop() // closes the minter, which releases its lease
+	if leases, err = r.Store().List(ctx, 3); err != nil || len(leases) != 0 {
+		t.Fatalf("after Stop: %d leases (%v), want 0", len(leases), err)
 	}
 }
