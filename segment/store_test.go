@@ -178,9 +178,18 @@ func TestConcurrentReplicasNeverOverlap(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(c), 9))
 			var prevHi int64
 			for i := 0; i < perCaller; i++ {
+				before, err := st.HighWater(ctx, 1, l.Worker)
+				if err != nil {
+					errs <- err
+					return
+				}
 				b, err := st.Allocate(ctx, l, 1+r.IntN(10*4096))
 				if err != nil {
 					errs <- fmt.Errorf("caller %d grant %d: %w", c, i, err)
+					return
+				}
+				if b.Lo < before {
+					errs <- fmt.Errorf("caller %d: block [%d,%d) starts below the HWM %d read before the call", c, b.Lo, b.Hi, before)
 					return
 				}
 				if b.Lo < prevHi || b.Hi <= b.Lo {
