@@ -331,8 +331,10 @@ func (s *Service) observe() time.Time {
 	was := s.rollback
 	s.rollback = time.Duration(s.maxSeen - ns)
 	rb := s.rollback
-	s.mu.Unlock()
+	// Under the lock, so a slower concurrent reading cannot overwrite a
+	// newer one.
 	s.metrics.ClockRollbackMs.Set(float64(rb) / float64(time.Millisecond))
+	s.mu.Unlock()
 	if rb > s.cfg.RollbackBound && was <= s.cfg.RollbackBound {
 		s.log.Error("service clock moved back beyond the bound; reporting NOT_SERVING",
 			"rollback", rb, "bound", s.cfg.RollbackBound)

@@ -243,15 +243,13 @@ func get(t testing.TB, url string) string {
 type lockedBuffer struct {
 	mu    sync.Mutex
 	buf   strings.Builder
-	cond  chan struct{} // closed and replaced on every write
-	lines int
+	cond chan struct{} // closed and replaced on every write
 }
 
 func (b *lockedBuffer) WriteLine(s string) {
 	b.mu.Lock()
 	b.buf.WriteString(s)
 	b.buf.WriteByte('\n')
-	b.lines++
 	if b.cond != nil {
 		close(b.cond)
 		b.cond = nil
