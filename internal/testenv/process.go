@@ -241,8 +241,8 @@ func get(t testing.TB, url string) string {
 
 // lockedBuffer collects lines and lets a waiter block until one matches.
 type lockedBuffer struct {
-	mu    sync.Mutex
-	buf   strings.Builder
+	mu   sync.Mutex
+	buf  strings.Builder
 	cond chan struct{} // closed and replaced on every write
 }
 
