@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
+	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/embedetcd"
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/rangeclient"
@@ -55,6 +56,15 @@ func TestConcurrentGrantsAcrossReplicas(t *testing.T) {
 			wg.Go(func() {
 				for i := range perCaller {
 					b, err := a.Allocate(ctx, lease, 1000+c*100+i)
+					// Right after a replica restart the channel may still
+					// send on the dead connection: Unavailable, retryable
+					// (the block, if committed, is a gap).
+					for try := 0; errors.Is(err, segment.ErrUnavailable) && try < 20; try++ {
+						if clock.Sleep(ctx, 50*time.Millisecond) != nil {
+							break
+						}
+						b, err = a.Allocate(ctx, lease, 1000+c*100+i)
+					}
 					if err != nil {
 						errs <- errors.Wrapf(err, "%s caller %d grant %d", round, c, i)
 						return
