@@ -1,0 +1,266 @@
+// Command minter is the fault suite's client process: a rangeclient that
+// mints IDs continuously at a steady rate and appends every ID it hands out,
+// and every lease and block call its client makes, to its own history file
+// (internal/history), so a checker can prove after the run that nothing was
+// handed out twice or after the process's safety deadline.
+//
+//	minter --targets 127.0.0.1:7001,127.0.0.1:7002 --region 1 --name m0 \
+//	  --history m0.hist [--rate 5000] [--batch 50] [--safety-margin 1s]
+//
+// It prints "READY <name> <pid>" on stdout once its client holds a lease and
+// a block, mints until SIGTERM/SIGINT or --duration, then closes the client
+// (giving the lease back), flushes the history and exits 0.
+//
+// Test mode (environment IDRANGE_FAULTS=1 only) reads commands from stdin,
+// one per line:
+//
+//	clock <duration>   set the client's clock offset (rangeclient Config.Clock)
+//	                   to <duration>, e.g. "clock -2s"; recorded as a note
+//
+// Without IDRANGE_FAULTS=1 the client uses the system clock and stdin
+// commands are ignored. With --exit-on-stdin-eof the process exits when its
+// stdin closes (its parent test process is gone).
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"google.golang.org/grpc"
+
+	"github.com/idrange/idrange/internal/clock"
+	"github.com/idrange/idrange/internal/history"
+	"github.com/idrange/idrange/rangeclient"
+	"github.com/idrange/idrange/snowflake"
+)
+
+// faultsEnv enables the test-only stdin commands when set to "1".
+const faultsEnv = "IDRANGE_FAULTS"
+
+type config struct {
+	targets      []string
+	region       int
+	name, path   string
+	rate, batch  int
+	margin       time.Duration
+	rpcTimeout   time.Duration
+	callTimeout  time.Duration
+	startTimeout time.Duration
+	duration     time.Duration
+	refill       time.Duration
+	stdinEOF     bool
+	faults       bool
+	logLevel     string
+	failurePause time.Duration
+}
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "minter:", err)
+		os.Exit(1)
+	}
+}
+
+func parse(args []string) (config, error) {
+	c := config{faults: os.Getenv(faultsEnv) == "1"}
+	fs := flag.NewFlagSet("minter", flag.ContinueOnError)
+	var targets string
+	fs.StringVar(&targets, "targets", "", "rangesvc replicas host:port,... (required)")
+	fs.IntVar(&c.region, "region", -1, "region code 0..3 (required)")
+	fs.StringVar(&c.name, "name", "", "process name in the history (required, no spaces)")
+	fs.StringVar(&c.path, "history", "", "history file to write (required)")
+	fs.IntVar(&c.rate, "rate", 5000, "IDs per second to mint")
+	fs.IntVar(&c.batch, "batch", 50, "IDs per minting call (NextN)")
+	fs.DurationVar(&c.margin, "safety-margin", rangeclient.DefaultSafetyMargin, "rangeclient SafetyMargin")
+	fs.DurationVar(&c.rpcTimeout, "rpc-timeout", rangeclient.DefaultRPCTimeout, "rangeclient RPCTimeout")
+	fs.DurationVar(&c.callTimeout, "call-timeout", 200*time.Millisecond, "deadline of each minting call")
+	fs.DurationVar(&c.startTimeout, "start-timeout", 60*time.Second, "how long to wait for the first lease and block")
+	fs.DurationVar(&c.duration, "duration", 10*time.Minute, "stop after this long whatever happens (bounds a leaked process)")
+	fs.DurationVar(&c.refill, "refill-interval", 0, "rangeclient RefillInterval (0: the client's default)")
+	fs.DurationVar(&c.failurePause, "failure-pause", 20*time.Millisecond, "pause after a failed minting call")
+	fs.BoolVar(&c.stdinEOF, "exit-on-stdin-eof", false, "exit when stdin is closed")
+	fs.StringVar(&c.logLevel, "log-level", "info", "log level of the client's logs on stderr")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	for _, t := range strings.Split(targets, ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			c.targets = append(c.targets, t)
+		}
+	}
+	switch {
+	case fs.NArg() > 0:
+		return c, errors.Newf("unexpected arguments %q", fs.Args())
+	case len(c.targets) == 0:
+		return c, errors.New("--targets is required")
+	case c.region < 0 || c.region > snowflake.MaxRegion:
+		return c, errors.Newf("--region %d not in 0..%d", c.region, snowflake.MaxRegion)
+	case c.name == "" || strings.ContainsAny(c.name, " \t=") || c.path == "":
+		return c, errors.New("--name (no spaces) and --history are required")
+	case c.rate < 1 || c.batch < 1 || c.batch > c.rate:
+		return c, errors.Newf("--rate %d and --batch %d must be >= 1 with batch <= rate", c.rate, c.batch)
+	case c.margin <= 0 || c.rpcTimeout <= 0 || c.callTimeout <= 0 || c.duration <= 0 || c.startTimeout <= 0:
+		return c, errors.New("durations must be positive")
+	}
+	return c, nil
+}
+
+func run(args []string) error {
+	c, err := parse(args)
+	if err != nil {
+		return err
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(c.logLevel)); err != nil {
+		return errors.Newf("--log-level %q", c.logLevel)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})).With("minter", c.name)
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, c.duration)
+	defer cancel()
+
+	rec, err := history.Create(c.path, history.Header{Name: c.name, PID: os.Getpid(), Region: c.region, Margin: c.margin})
+	if err != nil {
+		return err
+	}
+	defer rec.Close()
+
+	cfg := rangeclient.Config{
+		Targets:        c.targets,
+		Region:         c.region,
+		Owner:          c.name,
+		SafetyMargin:   c.margin,
+		RPCTimeout:     c.rpcTimeout,
+		RefillInterval: c.refill,
+		Logger:         log,
+		DialOptions:    []grpc.DialOption{grpc.WithChainUnaryInterceptor(rec.UnaryClientInterceptor())},
+	}
+	var clk *clock.Offset
+	if c.faults {
+		clk = &clock.Offset{}
+		cfg.Clock = clk
+		log.Warn("TEST-ONLY fault commands enabled on stdin", "env", faultsEnv)
+	}
+	go readStdin(c, clk, rec, log, stop)
+
+	sctx, scancel := context.WithTimeout(ctx, c.startTimeout)
+	cli, err := rangeclient.New(sctx, cfg)
+	scancel()
+	if err != nil {
+		rec.Note(history.Now(), "start failed: "+err.Error())
+		return errors.Wrap(err, "start")
+	}
+	if err := rec.Flush(); err != nil { // the lease is on file before READY
+		return err
+	}
+	fmt.Printf("READY %s %d\n", c.name, os.Getpid())
+
+	minted, failed := mint(ctx, c, cli, rec)
+	cerr := cli.Close()
+	log.Info("stopped", "minted", minted, "failed_calls", failed, "close_err", cerr)
+	return rec.Close()
+}
+
+// mint hands out IDs at c.rate in calls of c.batch until ctx ends. Every ID
+// is recorded with the time before the call started (t0) and after it
+// returned (t1); a failed call is recorded with its class.
+func mint(ctx context.Context, c config, cli *rangeclient.Client, rec *history.Recorder) (minted, failed int64) {
+	interval := time.Duration(int64(time.Second) * int64(c.batch) / int64(c.rate))
+	buf := make([]snowflake.ID, 0, c.batch)
+	next := time.Now()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
+	for ctx.Err() == nil {
+		t0 := history.Now()
+		cctx, cancel := context.WithTimeout(ctx, c.callTimeout)
+		ids, err := cli.AppendN(cctx, buf[:0], c.batch)
+		cancel()
+		t1 := history.Now()
+		rec.Minted(t0, t1, ids)
+		minted += int64(len(ids))
+		wait := time.Duration(0)
+		if err != nil {
+			if ctx.Err() != nil {
+				return minted, failed
+			}
+			failed++
+			rec.MintFailed(t0, t1, classify(err))
+			wait = c.failurePause
+			next = time.Now().Add(wait)
+		} else {
+			next = next.Add(interval)
+			wait = time.Until(next)
+			if wait < -time.Second { // fell far behind (paused): do not burst
+				next = time.Now()
+			}
+		}
+		if wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-ctx.Done():
+			case <-timer.C:
+			}
+		}
+	}
+	return minted, failed
+}
+
+// classify names a minting error in one word for the history.
+func classify(err error) string {
+	switch {
+	case errors.Is(err, rangeclient.ErrFenced):
+		return "fenced"
+	case errors.Is(err, rangeclient.ErrLeaseLost):
+		return "lease_lost"
+	case errors.Is(err, rangeclient.ErrUnavailable):
+		return "unavailable"
+	case errors.Is(err, rangeclient.ErrClosed):
+		return "closed"
+	case errors.Is(err, rangeclient.ErrEpochExhausted):
+		return "epoch_exhausted"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	}
+	return "other"
+}
+
+// readStdin applies test-mode commands and, with --exit-on-stdin-eof, stops
+// the process when stdin closes.
+func readStdin(c config, clk *clock.Offset, rec *history.Recorder, log *slog.Logger, stop func()) {
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if !c.faults || line == "" {
+			continue
+		}
+		cmd, arg, _ := strings.Cut(line, " ")
+		switch cmd {
+		case "clock":
+			d, err := time.ParseDuration(strings.TrimSpace(arg))
+			if err != nil {
+				log.Error("bad clock command", "line", line, "err", err)
+				continue
+			}
+			clk.Set(d)
+			rec.Note(history.Now(), fmt.Sprintf("client clock offset set to %v", d))
+			log.Warn("TEST-ONLY fault: client clock offset set", "offset", d)
+		default:
+			log.Error("unknown command", "line", line)
+		}
+	}
+	if c.stdinEOF {
+		stop()
+	}
+}

@@ -1,0 +1,638 @@
+package faultsuite
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/idrange/idrange/internal/faultproxy"
+	"github.com/idrange/idrange/internal/history"
+	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
+)
+
+// Scenario tests. Each starts its own deployment (newSuite), lets the load
+// run, injects its faults, then stops the minters and checks every history
+// against etcd's record (suite.finish). Waits are on conditions read from
+// the histories, bounded; the figures are printed, never asserted.
+
+// maxStall is the longest time any minter went without a successful call
+// between a and b (a gap in its I lines).
+func maxStall(hs []*history.History, a, b int64) time.Duration {
+	var worst time.Duration
+	for _, h := range hs {
+		prev := a
+		for _, m := range h.Mints {
+			if m.T1 < a || m.T0 > b {
+				continue
+			}
+			worst = max(worst, time.Duration(m.T1-prev))
+			prev = m.T1
+		}
+		worst = max(worst, time.Duration(b-prev))
+	}
+	return worst
+}
+
+// TestEtcdMemberKillAndRestart: kill -9 the etcd leader while grants run,
+// then bring it back. The two survivors keep a quorum: after an election,
+// grants and renewals go on; nothing is duplicated. Also proves on this
+// run's real histories that the checker catches a planted duplicate and a
+// planted ID handed out 1 ms after its client's safety deadline.
+func TestEtcdMemberKillAndRestart(t *testing.T) {
+	s := newSuite(t, options{refill: 200 * time.Millisecond})
+	s.waitMinting(s.mono0, 2000, time.Minute)
+	s.hold(time.Second)
+
+	li := s.leader()
+	k := s.fault("kill -9 the etcd leader %s", s.members[li].name)
+	s.members[li].p.kill()
+	s.hold(3 * time.Second)
+	s.waitMinting(k, 1000, time.Minute)
+	q := s.mark("restart %s", s.members[li].name)
+	s.members[li].p.start()
+	s.members[li].p.waitReady(startTimeout)
+	s.waitMinting(q, 1000, time.Minute)
+	s.hold(2 * time.Second)
+
+	res := s.finish()
+	f := s.figures(res)
+	f.notes += fmt.Sprintf("longest stall after the kill %v", maxStall(res.hists, k, q).Round(time.Millisecond))
+	s.publish(f)
+	checkPlantedFaults(t, s, res)
+}
+
+// checkPlantedFaults plants a duplicate, and separately an ID handed out
+// 1 ms after the latest possible safety deadline, into copies of real
+// histories: the checker must fail on each, with the matching sentinel.
+func checkPlantedFaults(t *testing.T, s *suite, res result) {
+	t.Helper()
+	if len(res.hists) < 2 {
+		t.Fatal("need two histories to plant a duplicate")
+	}
+	cfg := s.checkConfig(res.hwm)
+	copyWith := func(h *history.History, m history.Mint) *history.History {
+		c := *h
+		c.Mints = append(append([]history.Mint(nil), h.Mints...), m)
+		return &c
+	}
+	others := func(i int, h *history.History) []*history.History {
+		hs := append([]*history.History(nil), res.hists...)
+		hs[i] = h
+		return hs
+	}
+
+	// 1. A duplicate: m0 hands out an ID m1 handed out.
+	h0, h1 := res.hists[0], res.hists[1]
+	dup := h1.Mints[len(h1.Mints)/2].IDs[0]
+	last, _ := h0.LastMint()
+	rep, err := history.Check(others(0, copyWith(h0, history.Mint{T0: last.T1, T1: last.T1 + 1, IDs: []int64{dup}})), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(rep.Err(), history.ErrDuplicate) || rep.Duplicates != 1 {
+		t.Fatalf("planted duplicate %d not caught: duplicates=%d err=%v", dup, rep.Duplicates, rep.Err())
+	}
+	t.Logf("planted duplicate caught: %v", rep.Err())
+
+	// 2. After the deadline: the next position of m0's last ID, in the same
+	// block, handed out 1 ms after the latest deadline m0 could have known
+	// for that lease (its last renewal's send + TTL - margin).
+	id := snowflake.ID(last.IDs[len(last.IDs)-1])
+	var lease history.Lease
+	for _, l := range h0.Leases {
+		if l.Worker == id.Worker() && l.Ret <= last.T1 {
+			lease = l
+		}
+	}
+	bound := lease.Send + int64(lease.TTL) - int64(h0.Margin)
+	for _, r := range h0.Renewals {
+		if r.Token == lease.Token {
+			bound = max(bound, r.Send+int64(r.TTL)-int64(h0.Margin))
+		}
+	}
+	next := int64(snowflake.FromLinear(id.Linear()+1, id.Region(), id.Worker()))
+	late := history.Mint{T0: bound + int64(time.Millisecond), T1: bound + int64(2*time.Millisecond), IDs: []int64{next}}
+	rep, err = history.Check(others(0, copyWith(h0, late)), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(rep.Err(), history.ErrAfterDeadline) || rep.AfterDeadline != 1 || rep.Duplicates != 0 {
+		t.Fatalf("planted late ID not caught: after_deadline=%d duplicates=%d err=%v", rep.AfterDeadline, rep.Duplicates, rep.Err())
+	}
+	t.Logf("planted after-deadline ID caught: %v", rep.Err())
+}
+
+// failing reports whether the minter's latest minting call failed: it is
+// refusing right now.
+func failing(h *history.History) bool {
+	if len(h.Failures) == 0 {
+		return false
+	}
+	f := h.Failures[len(h.Failures)-1]
+	m, ok := h.LastMint()
+	return !ok || f.T0 > m.T1
+}
+
+// waitAllFailClosed waits until every minter refuses to mint.
+func (s *suite) waitAllFailClosed(timeout time.Duration) {
+	s.t.Helper()
+	for _, m := range s.minters {
+		waitFor(s.t, timeout, m.name+" fails closed", func() bool { return failing(m.progress()) })
+	}
+}
+
+// checkOutage asserts what SPEC requires of an isolated lease service:
+// every client that held a usable lease and block when the fault hit at k
+// went on minting from its buffers, every client failed closed before the
+// repair at q, and minted again after q without being restarted. It fills
+// in the figures.
+func (s *suite) checkOutage(res result, k, q int64, f *figures) {
+	s.t.Helper()
+	ran := 0
+	for i, h := range res.hists {
+		if h.MintedBetween(k, q) > 0 {
+			ran++
+		} else if h.CouldMintAt(k, 200*time.Millisecond) {
+			s.t.Errorf("%s held a lease and a block valid past the fault but handed out nothing: it should run on its buffers inside its safe interval", h.Name)
+		}
+		if h.PID != s.minters[i].p.pid() {
+			s.t.Errorf("%s was restarted (pid %d, history says %d)", h.Name, s.minters[i].p.pid(), h.PID)
+		}
+	}
+	ranOn, failClosed, recovered, closedAll, recoveredAll := outage(res.hists, k, q)
+	if !closedAll {
+		s.t.Error("a client did not fail closed during the outage")
+	}
+	if !recoveredAll {
+		s.t.Error("a client did not recover after the repair")
+	}
+	f.ranOn, f.failClosed, f.recovered = ranOn, failClosed, recovered
+	f.notes += fmt.Sprintf("%d/%d clients ran on their buffers after the fault. ", ran, len(res.hists))
+}
+
+// TestEtcdQuorumLossFailsClosedAndRecovers: kill -9 two of the three etcd
+// members. Grants and renewals stop; clients go on from their buffers
+// inside their safe interval, then fail closed. Restart the two: the same
+// client processes recover by themselves.
+func TestEtcdQuorumLossFailsClosedAndRecovers(t *testing.T) {
+	s := newSuite(t, options{})
+	s.waitMinting(s.mono0, 2000, time.Minute)
+	s.hold(time.Second)
+
+	li := s.leader()
+	a, b := s.members[li], s.members[(li+1)%3]
+	k := s.fault("kill -9 etcd members %s (leader) and %s: quorum lost", a.name, b.name)
+	a.p.kill()
+	b.p.kill()
+	s.waitAllFailClosed(time.Minute)
+	s.hold(2 * time.Second)
+	q := s.mark("restart %s and %s", a.name, b.name)
+	a.p.start()
+	b.p.start()
+	a.p.waitReady(startTimeout)
+	b.p.waitReady(startTimeout)
+	s.waitMinting(q, 1000, time.Minute)
+	s.hold(time.Second)
+
+	res := s.finish()
+	f := s.figures(res)
+	s.checkOutage(res, k, q, &f)
+	s.publish(f)
+}
+
+// TestRangesvcReplicaKillMidGrants: with small blocks (a grant every few
+// tens of ms per client), kill -9 one rangesvc replica, let the other serve,
+// restart it on the same address, then kill the other so the restarted one
+// must serve alone.
+func TestRangesvcReplicaKillMidGrants(t *testing.T) {
+	s := newSuite(t, options{refill: 50 * time.Millisecond})
+	s.waitMinting(s.mono0, 2000, time.Minute)
+	s.hold(time.Second)
+
+	r0, r1 := s.replicas[0], s.replicas[1]
+	k := s.fault("kill -9 %s mid-grants", r0.name)
+	r0.p.kill()
+	s.hold(2 * time.Second)
+	s.waitMinting(k, 1000, time.Minute)
+	s.mark("restart %s on %s", r0.name, r0.addr())
+	r0.p.start()
+	r0.p.waitReady(startTimeout)
+	s.hold(2 * time.Second)
+	k2 := s.fault("kill -9 %s: the restarted %s serves alone", r1.name, r0.name)
+	r1.p.kill()
+	s.hold(2 * time.Second)
+	s.waitMinting(k2, 1000, time.Minute)
+	s.mark("restart %s", r1.name)
+	r1.p.start()
+	r1.p.waitReady(startTimeout)
+	s.hold(time.Second)
+
+	res := s.finish()
+	f := s.figures(res)
+	f.notes += fmt.Sprintf("longest stall after a kill %v", max(maxStall(res.hists, k, k+int64(2*time.Second)),
+		maxStall(res.hists, k2, k2+int64(2*time.Second))).Round(time.Millisecond))
+	s.publish(f)
+}
+
+// holdFreeCodes leases, from the test process, every worker code of the
+// region nobody holds (with a long TTL, through segment.Store like any
+// replica), so the next code to become free is the one the test frees. It
+// returns the leases for release.
+func (s *suite) holdFreeCodes() []segment.Lease {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var (
+		mu    sync.Mutex
+		held  []segment.Lease
+		wg    sync.WaitGroup
+		fatal error
+	)
+	for range 4 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				l, err := s.store.Acquire(ctx, region, "faultsuite-filler")
+				mu.Lock()
+				if err == nil {
+					held = append(held, l)
+				}
+				mu.Unlock()
+				if errors.Is(err, segment.ErrNoFreeCode) {
+					return
+				}
+				if err != nil {
+					mu.Lock()
+					fatal = err
+					mu.Unlock()
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if fatal != nil {
+		s.t.Fatalf("holding the free codes: %v", fatal)
+	}
+	// Concurrent acquirers can give up while a code is still free.
+	for {
+		n, err := s.store.FreeCodes(ctx, region)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		l, err := s.store.Acquire(ctx, region, "faultsuite-filler")
+		if err != nil {
+			s.t.Fatalf("holding the last %d free codes: %v", n, err)
+		}
+		held = append(held, l)
+	}
+	return held
+}
+
+func (s *suite) release(ls []segment.Lease) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, l := range ls {
+		if err := s.store.Release(ctx, l); err != nil {
+			s.t.Fatalf("release test-held code %d: %v", l.Worker, err)
+		}
+	}
+}
+
+// TestClientPausedPastLeaseIsFenced: SIGSTOP a client past its lease TTL;
+// etcd expires its lease and its code goes to a new client process; SIGCONT
+// the stale one: it hands out nothing more on that code (its safety
+// deadline passed while it was stopped, decided locally with no network
+// call), and resumes on a fresh code once one is free.
+func TestClientPausedPastLeaseIsFenced(t *testing.T) {
+	s := newSuite(t, options{minters: 2})
+	s.waitMinting(s.mono0, 2000, time.Minute)
+	stale := s.minters[0]
+	w, tok := stale.currentCode()
+	fillers := s.holdFreeCodes()
+	s.logf("test holds %d free codes; %s owns code %d (token %d)", len(fillers), stale.name, w, tok)
+
+	k := s.fault("SIGSTOP %s (code %d) past its lease TTL", stale.name, w)
+	stale.p.pause()
+	lk := s.store.LeaseKey(region, w)
+	waitFor(t, time.Minute, fmt.Sprintf("etcd expires %s's lease", stale.name), func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		r, err := s.cli.Get(ctx, lk, clientv3.WithCountOnly())
+		return err == nil && r.Count == 0
+	})
+	expired := s.mark("etcd expired %s's lease %v after SIGSTOP", stale.name, s.since(history.Now())-s.since(k))
+	owner := s.addMinter()
+	if nw, ntok := owner.currentCode(); nw != w || ntok <= tok {
+		t.Fatalf("new owner %s got code %d token %d; want code %d with a token above %d", owner.name, nw, ntok, w, tok)
+	}
+	s.waitMinting(expired, 1000, time.Minute, owner)
+
+	c := s.fault("SIGCONT %s", stale.name)
+	stale.p.resume()
+	waitFor(t, time.Minute, stale.name+" refuses after SIGCONT", func() bool {
+		_, ok := stale.progress().FirstFailureAfter(c)
+		return ok
+	})
+	s.hold(time.Second)
+	r := s.mark("release the %d test-held codes", len(fillers))
+	s.release(fillers)
+	s.waitMinting(r, 1000, time.Minute, stale)
+	s.hold(time.Second)
+
+	res := s.finish()
+	h := res.hists[0]
+	for _, m := range h.Mints {
+		if m.T0 < c {
+			continue
+		}
+		for _, v := range m.IDs {
+			if snowflake.ID(v).Worker() == w && m.T0 < r {
+				t.Errorf("stale %s handed out %d on its old code %d after SIGCONT", h.Name, v, w)
+			}
+		}
+	}
+	fl, _ := h.FirstFailureAfter(c)
+	if fl.Class != "lease_lost" && fl.Class != "fenced" {
+		t.Errorf("stale client's first refusal after SIGCONT was %q, want lease_lost or fenced", fl.Class)
+	}
+	f := s.figures(res)
+	f.failClosed = time.Duration(fl.T1 - c)
+	if m, ok := h.FirstMintAfter(r); ok {
+		f.recovered = time.Duration(m.T1 - r)
+	}
+	f.notes += fmt.Sprintf("lease expired in etcd %v after SIGSTOP; stale client's first refusal: %s", time.Duration(expired-k).Round(time.Millisecond), fl.Class)
+	s.publish(f)
+}
+
+// idLead is the largest amount by which an ID's timestamp ran ahead of the
+// true wall time at which it was handed out.
+func idLead(hs []*history.History) time.Duration {
+	var lead time.Duration
+	for _, h := range hs {
+		for _, m := range h.Mints {
+			wallMs := time.Duration(h.Wall + (m.T0 - h.Start)).Milliseconds()
+			for _, v := range m.IDs {
+				ms := snowflake.MsTime(snowflake.ID(v).Ms()).UnixMilli()
+				lead = max(lead, time.Duration(ms-wallMs)*time.Millisecond)
+			}
+		}
+	}
+	return lead
+}
+
+// TestServiceClockJumps: a replica's service clock jumps back 2 s, then
+// forward 10 s; the other follows it forward; then both jump back 10 s to
+// the true time. Grants start at max(HWM, now), so nothing is reissued; the
+// forward jump shows as IDs dated in the future (bounded by the service's
+// max lead), never as duplicates.
+func TestServiceClockJumps(t *testing.T) {
+	s := newSuite(t, options{refill: 100 * time.Millisecond, notAfterSlack: 12 * time.Second})
+	s.waitMinting(s.mono0, 2000, time.Minute)
+	r0, r1 := s.replicas[0], s.replicas[1]
+
+	k := s.fault("%s's clock jumps back 2 s", r0.name)
+	r0.setClock(-2 * time.Second)
+	s.hold(3 * time.Second)
+	s.waitMinting(k, 1000, time.Minute)
+	k = s.fault("%s's clock jumps forward 10 s (to +10 s)", r0.name)
+	r0.setClock(10 * time.Second)
+	s.hold(3 * time.Second)
+	s.waitMinting(k, 1000, time.Minute)
+	k = s.fault("%s's clock jumps forward 10 s too", r1.name)
+	r1.setClock(10 * time.Second)
+	s.hold(2 * time.Second)
+	s.waitMinting(k, 1000, time.Minute)
+	k = s.fault("both clocks jump back 10 s, to the true time")
+	r0.setClock(0)
+	r1.setClock(0)
+	s.hold(3 * time.Second)
+	s.waitMinting(k, 1000, time.Minute)
+
+	res := s.finish()
+	f := s.figures(res)
+	f.notes += fmt.Sprintf("IDs dated up to %v ahead of true time", idLead(res.hists).Round(time.Millisecond))
+	s.publish(f)
+}
+
+// TestClientClockMovesBack: one client's clock (rangeclient Config.Clock,
+// via the minter's test-only command) moves back 2 s and another's forward
+// 3 s under load; then the lease service is isolated (both replicas
+// SIGSTOPped) and a third client's clock moves back 2 s while it runs on its
+// buffers. Every client must still stop by its real safety deadline (the
+// checker measures deadlines on the host's monotonic clock, not the
+// client's), and recover once the replicas resume.
+func TestClientClockMovesBack(t *testing.T) {
+	s := newSuite(t, options{clientFaults: true})
+	s.waitMinting(s.mono0, 2000, time.Minute)
+	m0, m1, m2 := s.minters[0], s.minters[1], s.minters[2]
+
+	k := s.fault("%s's clock moves back 2 s", m0.name)
+	m0.p.send("clock -2s")
+	s.fault("%s's clock jumps forward 3 s", m1.name)
+	m1.p.send("clock 3s")
+	s.hold(2 * time.Second)
+	s.waitMinting(k, 1000, time.Minute)
+
+	k = s.fault("SIGSTOP both replicas: the lease service is isolated")
+	for _, r := range s.replicas {
+		r.p.pause()
+	}
+	time.Sleep(300 * time.Millisecond)
+	s.fault("%s's clock moves back 2 s while it runs on its buffers", m2.name)
+	m2.p.send("clock -2s")
+	s.waitAllFailClosed(time.Minute)
+	s.hold(time.Second)
+	q := s.mark("SIGCONT both replicas")
+	for _, r := range s.replicas {
+		r.p.resume()
+	}
+	s.waitMinting(q, 1000, time.Minute)
+	s.hold(time.Second)
+
+	res := s.finish()
+	f := s.figures(res)
+	s.checkOutage(res, k, q, &f)
+	s.publish(f)
+}
+
+// TestReplicaEtcdPartition: cut one replica off etcd (its proxies drop
+// every byte, connections stay open: a partition), then the other one too,
+// so the lease service is isolated; then heal both.
+func TestReplicaEtcdPartition(t *testing.T) {
+	s := newSuite(t, options{refill: 200 * time.Millisecond})
+	s.waitMinting(s.mono0, 2000, time.Minute)
+	s.hold(time.Second)
+	r0, r1 := s.replicas[0], s.replicas[1]
+
+	k1 := s.fault("blackhole %s <-> etcd", r0.name)
+	r0.eachProxy((*faultproxy.Proxy).Blackhole)
+	s.hold(3 * time.Second)
+	s.waitMinting(k1, 1000, time.Minute)
+	k := s.fault("blackhole %s <-> etcd too: the lease service is isolated", r1.name)
+	r1.eachProxy((*faultproxy.Proxy).Blackhole)
+	s.waitAllFailClosed(time.Minute)
+	s.hold(time.Second)
+	q := s.mark("heal both partitions")
+	r0.eachProxy((*faultproxy.Proxy).Heal)
+	r1.eachProxy((*faultproxy.Proxy).Heal)
+	s.waitMinting(q, 1000, time.Minute)
+	s.hold(time.Second)
+
+	res := s.finish()
+	f := s.figures(res)
+	s.checkOutage(res, k, q, &f)
+	f.notes += fmt.Sprintf("longest stall with one replica cut off %v", maxStall(res.hists, k1+int64(time.Second), k).Round(time.Millisecond))
+	s.publish(f)
+}
+
+// TestSlowEtcd: etcd becomes slow for both replicas: first 100 ms each way,
+// then 600 ms each way (a round trip longer than the client's 1 s RPC
+// timeout, so grants time out after committing: burned, never used), then
+// fast again.
+func TestSlowEtcd(t *testing.T) {
+	// Default 1 s blocks: a block is only valid for its span measured from
+	// the request's send, so a span shorter than the slowed refill round
+	// trip could never be used (see the report).
+	s := newSuite(t, options{})
+	s.waitMinting(s.mono0, 2000, time.Minute)
+	s.hold(time.Second)
+	delay := func(d time.Duration) {
+		for _, r := range s.replicas {
+			r.eachProxy(func(p *faultproxy.Proxy) { p.SetDelay(d) })
+		}
+	}
+	k := s.fault("etcd 100 ms slower each way")
+	delay(100 * time.Millisecond)
+	s.hold(3 * time.Second)
+	s.waitMinting(k, 1000, time.Minute)
+	k2 := s.fault("etcd 600 ms slower each way")
+	delay(600 * time.Millisecond)
+	s.hold(4 * time.Second)
+	q := s.mark("latency removed")
+	delay(0)
+	s.waitMinting(q, 1000, time.Minute)
+	s.hold(2 * time.Second)
+
+	res := s.finish()
+	f := s.figures(res)
+	_, _, f.recovered, _, _ = outage(res.hists, k2, q)
+	f.notes += fmt.Sprintf("longest stall at +100 ms %v, at +600 ms %v", maxStall(res.hists, k, k2).Round(time.Millisecond),
+		maxStall(res.hists, k2, q).Round(time.Millisecond))
+	s.publish(f)
+}
+
+// TestCorruptEtcdValuesStopTheCode: overwrite the high-water mark of one
+// client's code with a value that does not decode: grants on that code stop
+// (the client fails closed once its buffer ends), the store never rewrites
+// or resets the key, other codes carry on; an operator's repair (restoring
+// exactly the value that was replaced) lets the same client resume. Then
+// corrupt another client's lease record (kept on its etcd lease): renewals
+// and grants refuse, the client stops on that code, and moves to a fresh
+// code when its lease is gone; the code's HWM is never reset.
+func TestCorruptEtcdValuesStopTheCode(t *testing.T) {
+	s := newSuite(t, options{refill: 100 * time.Millisecond})
+	s.waitMinting(s.mono0, 2000, time.Minute)
+	victim, other := s.minters[0], s.minters[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	// Phase 1: corrupt HWM.
+	w, _ := victim.currentCode()
+	hk := s.store.HighWaterKey(region, w)
+	const bad = "v1:not-a-number"
+	s.corruptOK = map[string]bool{bad: true}
+	var good []byte
+	var badRev int64
+	for attempt := 0; badRev == 0; attempt++ {
+		if attempt == 100 {
+			t.Fatal("could not swap the HWM value in 100 attempts")
+		}
+		cur, err := s.cli.Get(ctx, hk)
+		if err != nil || len(cur.Kvs) == 0 {
+			t.Fatalf("read %s: %v (%d keys)", hk, err, len(cur.Kvs))
+		}
+		// Swap atomically, so the repair restores exactly the value the
+		// last grant committed.
+		r, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(hk), "=", cur.Kvs[0].ModRevision)).
+			Then(clientv3.OpPut(hk, bad)).Commit()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Succeeded {
+			good, badRev = cur.Kvs[0].Value, r.Header.Revision
+		}
+	}
+	k := s.fault("overwrite the HWM of %s's code %d (%q) with %q", victim.name, w, good, bad)
+	waitFor(t, time.Minute, victim.name+" fails closed", func() bool { return failing(victim.progress()) })
+	s.hold(1500 * time.Millisecond)
+	cur, err := s.cli.Get(ctx, hk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cur.Kvs) != 1 || string(cur.Kvs[0].Value) != bad || cur.Kvs[0].ModRevision != badRev {
+		t.Fatalf("the corrupt HWM was rewritten: %v", cur.Kvs)
+	}
+	s.waitMinting(k, 1000, time.Minute, s.minters[1:]...)
+	q := s.mark("operator restores the HWM of code %d", w)
+	r, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(hk), "=", badRev)).Then(clientv3.OpPut(hk, string(good))).Commit()
+	if err != nil || !r.Succeeded {
+		t.Fatalf("repair: %v (succeeded %v)", err, r != nil && r.Succeeded)
+	}
+	s.waitMinting(q, 1000, time.Minute, victim)
+	vh := victim.progress()
+	fl, _ := vh.FirstFailureAfter(k)
+	rm, _ := vh.FirstMintAfter(q)
+
+	// Phase 2: corrupt lease record.
+	w2, tok2 := other.currentCode()
+	hk2, lk2 := s.store.HighWaterKey(region, w2), s.store.LeaseKey(region, w2)
+	before, err := s.cli.Get(ctx, hk2)
+	if err != nil || len(before.Kvs) != 1 {
+		t.Fatalf("read %s: %v", hk2, err)
+	}
+	hwmBefore, err := segment.DecodeHighWater(before.Kvs[0].Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(lk2), "=", tok2)).
+		Then(clientv3.OpPut(lk2, `{"v":1,"region":1,"worker":999}`, clientv3.WithIgnoreLease())).Commit()
+	if err != nil || !r.Succeeded {
+		t.Fatalf("corrupt %s: %v", lk2, err)
+	}
+	k2 := s.fault("overwrite the lease record of %s's code %d with an out-of-range record", other.name, w2)
+	waitFor(t, time.Minute, other.name+" fails closed", func() bool { return failing(other.progress()) })
+	waitFor(t, time.Minute, other.name+" moves to a fresh code", func() bool {
+		nw, ntok := other.currentCode()
+		return ntok != tok2 && other.progress().MintedBetween(k2, 1<<62) > 0 && (nw != w2 || ntok > tok2)
+	})
+	s.hold(time.Second)
+	after, err := s.cli.Get(ctx, hk2)
+	if err != nil || len(after.Kvs) != 1 {
+		t.Fatalf("read %s: %v", hk2, err)
+	}
+	if v, err := segment.DecodeHighWater(after.Kvs[0].Value); err != nil || v < hwmBefore {
+		t.Fatalf("HWM of code %d went from %d to %d (%v)", w2, hwmBefore, v, err)
+	}
+
+	res := s.finish()
+	f := s.figures(res)
+	f.failClosed = time.Duration(fl.T1 - k)
+	f.recovered = time.Duration(rm.T1 - q)
+	oh := res.hists[1]
+	fl2, _ := oh.FirstFailureAfter(k2)
+	rm2, _ := oh.FirstMintAfter(fl2.T1)
+	f.notes += fmt.Sprintf("corrupt HWM: fail closed %v, recover after repair %v; corrupt lease record: fail closed %v, on a fresh code after %v",
+		f.failClosed.Round(time.Millisecond), f.recovered.Round(time.Millisecond),
+		time.Duration(fl2.T1-k2).Round(time.Millisecond), time.Duration(rm2.T1-k2).Round(time.Millisecond))
+	s.publish(f)
+}

@@ -1,0 +1,413 @@
+package history
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/idrange/idrange/internal/idcheck"
+	"github.com/idrange/idrange/snowflake"
+)
+
+// Violations Report.Err wraps, one sentinel per property (see the package
+// doc), so a test can tell which one a planted fault broke.
+var (
+	ErrDuplicate     = errors.New("history: an ID was handed out twice")
+	ErrOutOfRange    = errors.New("history: an ID is out of range")
+	ErrOrder         = errors.New("history: a client handed out the IDs of one code out of order")
+	ErrAfterDeadline = errors.New("history: an ID was handed out after the client's safety deadline")
+	ErrAfterNewOwner = errors.New("history: an ID was handed out after its code passed to a new owner")
+	ErrOutsideBlock  = errors.New("history: an ID lies outside the blocks its client received")
+	ErrBlockOverlap  = errors.New("history: two received blocks of one code overlap")
+	ErrHWM           = errors.New("history: a received block is not a committed high-water-mark step")
+	// ErrStaleBlock is a freshness finding, not a safety one (FreshnessErr):
+	// an ID was handed out from a block after the block's validity. The
+	// block's positions are the client's alone (the HWM is past them), so
+	// nothing can repeat, but the ID's timestamp lags the service's time.
+	ErrStaleBlock = errors.New("history: an ID was handed out from a block after the block's validity")
+	// ErrNothingChecked: no ID at all; an empty run proves nothing.
+	ErrNothingChecked = errors.New("history: no ids to check")
+)
+
+// DefaultMaxExamples is how many example problems a Report keeps per kind.
+const DefaultMaxExamples = 5
+
+// Config says what the histories are checked against.
+type Config struct {
+	// Region is the region every process minted in; IDs of other regions
+	// are out of range.
+	Region int
+	// NotBefore and NotAfter bound the IDs' timestamps (zero: unbounded).
+	// Give NotAfter the service's maximum lead plus any forward clock jump
+	// the run injected.
+	NotBefore, NotAfter time.Time
+	// HWM, when non-nil, is etcd's record of the region's high-water marks:
+	// for each worker code, every value its HWM key held, in revision order
+	// (see the faultsuite's replay). nil skips the etcd checks.
+	HWM map[int][]int64
+	// MaxExamples bounds the examples kept per kind of problem. Default
+	// DefaultMaxExamples.
+	MaxExamples int
+}
+
+// Report is the outcome of Check: counts of what was checked, of each
+// violation (all must be 0), and of allowed losses.
+type Report struct {
+	Processes int   `json:"processes"`
+	IDs       int64 `json:"ids"`
+	Leases    int   `json:"leases"`
+	Renewals  int   `json:"renewals"`
+	Blocks    int   `json:"blocks"`
+
+	Duplicates      int64 `json:"duplicates"`
+	OutOfRange      int64 `json:"out_of_range"`
+	OrderViolations int64 `json:"order_violations"`
+	AfterDeadline   int64 `json:"after_deadline"`
+	AfterNewOwner   int64 `json:"after_new_owner"`
+	OutsideBlock    int64 `json:"outside_block"`
+	// AfterBlockValid counts IDs handed out from a block after its
+	// validity, and MaxBlockOverrun is by how much at most: a freshness
+	// finding (FreshnessErr), not a safety violation.
+	AfterBlockValid int64         `json:"after_block_valid"`
+	MaxBlockOverrun time.Duration `json:"max_block_overrun"`
+	BlockOverlaps   int64         `json:"block_overlaps"`
+
+	HWMChecked      bool  `json:"hwm_checked"`
+	HWMSteps        int   `json:"hwm_steps"`
+	HWMDecreases    int64 `json:"hwm_decreases"`
+	BlocksNotInEtcd int64 `json:"blocks_not_in_etcd"`
+	// BurnedGrants are HWM steps committed in etcd that no client received
+	// (a grant whose reply was lost or came too late): allowed gaps.
+	BurnedGrants   int64 `json:"burned_grants"`
+	BurnedPosition int64 `json:"burned_positions"`
+	// GapPositions are positions of received blocks never handed out
+	// (the time-following cursor skips most of a block at low rates, and
+	// blocks buffered when a lease died are dropped): allowed.
+	GapPositions int64 `json:"gap_positions"`
+	// UnusedBlocks are received blocks of which no ID was handed out.
+	UnusedBlocks int64 `json:"unused_blocks"`
+
+	// Examples are the first problems found, per kind.
+	Examples map[string][]string `json:"examples,omitempty"`
+
+	idErr error
+}
+
+// Err is nil when every property held; otherwise it joins one error per
+// violated property, each wrapping that property's sentinel.
+func (r Report) Err() error {
+	var errs []error
+	add := func(n int64, sentinel error, kind, what string) {
+		if n > 0 {
+			errs = append(errs, errors.Wrapf(sentinel, "%d %s; e.g. %s", n, what, strings.Join(r.Examples[kind], "; ")))
+		}
+	}
+	if r.Duplicates > 0 {
+		errs = append(errs, errors.Wrapf(ErrDuplicate, "%d duplicate(s): %v", r.Duplicates, r.idErr))
+	}
+	if r.OutOfRange > 0 {
+		errs = append(errs, errors.Wrapf(ErrOutOfRange, "%d id(s) out of range: %v", r.OutOfRange, r.idErr))
+	}
+	add(r.OrderViolations, ErrOrder, "order", "id(s) not above the previous id of their code in the same process")
+	add(r.AfterDeadline, ErrAfterDeadline, "deadline", "id(s) handed out after the safety deadline")
+	add(r.AfterNewOwner, ErrAfterNewOwner, "owner", "id(s) handed out after a new owner acquired the code")
+	add(r.OutsideBlock, ErrOutsideBlock, "block", "id(s) outside every block received under the lease")
+	add(r.BlockOverlaps, ErrBlockOverlap, "overlap", "overlap(s) between received blocks")
+	add(r.HWMDecreases, ErrHWM, "hwm", "decrease(s) of a high-water mark in etcd")
+	add(r.BlocksNotInEtcd, ErrHWM, "etcd", "received block(s) that are not a committed high-water-mark step")
+	if len(errs) == 0 && r.IDs == 0 {
+		return ErrNothingChecked
+	}
+	return errors.Join(errs...)
+}
+
+// FreshnessErr is nil unless some ID was handed out from a block after the
+// block's validity (ErrStaleBlock). That cannot duplicate anything; it shows
+// a client trusting its own clock over the block's deadline.
+func (r Report) FreshnessErr() error {
+	if r.AfterBlockValid == 0 {
+		return nil
+	}
+	return errors.Wrapf(ErrStaleBlock, "%d id(s) handed out up to %v after their block's validity; e.g. %s",
+		r.AfterBlockValid, r.MaxBlockOverrun, strings.Join(r.Examples["valid"], "; "))
+}
+
+// Summary is a one-line account of the report for logs.
+func (r Report) Summary() string {
+	return fmt.Sprintf("processes=%d ids=%d leases=%d renewals=%d blocks=%d duplicates=%d out_of_range=%d order=%d "+
+		"after_deadline=%d after_new_owner=%d outside_block=%d after_block_valid=%d (max %v) overlaps=%d "+
+		"hwm_checked=%t hwm_steps=%d hwm_decreases=%d blocks_not_in_etcd=%d burned_grants=%d unused_blocks=%d gap_positions=%d",
+		r.Processes, r.IDs, r.Leases, r.Renewals, r.Blocks, r.Duplicates, r.OutOfRange, r.OrderViolations,
+		r.AfterDeadline, r.AfterNewOwner, r.OutsideBlock, r.AfterBlockValid, r.MaxBlockOverrun, r.BlockOverlaps,
+		r.HWMChecked, r.HWMSteps, r.HWMDecreases, r.BlocksNotInEtcd, r.BurnedGrants, r.UnusedBlocks, r.GapPositions)
+}
+
+type codeKey struct{ region, worker int }
+
+func (c codeKey) String() string { return fmt.Sprintf("r%d/w%d", c.region, c.worker) }
+
+// boundPt: from ret on, the safety deadline is at most bound.
+type boundPt struct{ ret, bound int64 }
+
+type leaseInfo struct {
+	Lease
+	proc   *History
+	bounds []boundPt    // by ret, bound non-decreasing
+	blocks []*blockInfo // by Lo
+	next   *leaseInfo   // the code's next owner (higher token), any process
+}
+
+// boundAt is the latest safety deadline the process could have known at t.
+func (li *leaseInfo) boundAt(t int64) int64 {
+	i := sort.Search(len(li.bounds), func(i int) bool { return li.bounds[i].ret > t })
+	if i == 0 {
+		return math.MinInt64
+	}
+	return li.bounds[i-1].bound
+}
+
+// blockAt returns the block containing linear position l that had arrived
+// by t.
+func (li *leaseInfo) blockAt(l, t int64) *blockInfo {
+	i := sort.Search(len(li.blocks), func(i int) bool { return li.blocks[i].Hi > l })
+	if i < len(li.blocks) && li.blocks[i].Lo <= l && li.blocks[i].Ret <= t {
+		return li.blocks[i]
+	}
+	return nil
+}
+
+type blockInfo struct {
+	Block
+	proc   *History
+	minted int64
+}
+
+// Check verifies the histories (see the package doc for the properties).
+// The error is for bad input (config, histories); violations are in the
+// Report (Report.Err).
+func Check(hs []*History, cfg Config) (Report, error) {
+	if cfg.Region < 0 || cfg.Region > snowflake.MaxRegion {
+		return Report{}, errors.Newf("history: Config.Region %d not in 0..%d", cfg.Region, snowflake.MaxRegion)
+	}
+	if cfg.MaxExamples <= 0 {
+		cfg.MaxExamples = DefaultMaxExamples
+	}
+	rep := Report{Processes: len(hs), Examples: map[string][]string{}}
+	example := func(kind, format string, args ...any) {
+		if len(rep.Examples[kind]) < cfg.MaxExamples {
+			rep.Examples[kind] = append(rep.Examples[kind], fmt.Sprintf(format, args...))
+		}
+	}
+
+	// Leases per process and code, owners per code, blocks per lease.
+	perProc := make([]map[codeKey][]*leaseInfo, len(hs))
+	owners := map[codeKey][]*leaseInfo{}
+	allBlocks := map[codeKey][]*blockInfo{}
+	var total int64
+	for pi, h := range hs {
+		if h.Region != cfg.Region {
+			return Report{}, errors.Newf("history: %s minted in region %d, the check is for region %d", h.Path, h.Region, cfg.Region)
+		}
+		total += h.IDs()
+		byToken := map[int64]*leaseInfo{}
+		perProc[pi] = map[codeKey][]*leaseInfo{}
+		for _, l := range h.Leases {
+			li := &leaseInfo{Lease: l, proc: h}
+			li.bounds = []boundPt{{ret: l.Ret, bound: l.Send + int64(l.TTL) - int64(h.Margin)}}
+			byToken[l.Token] = li
+			k := codeKey{l.Region, l.Worker}
+			perProc[pi][k] = append(perProc[pi][k], li)
+			owners[k] = append(owners[k], li)
+		}
+		rep.Leases += len(h.Leases)
+		rep.Renewals += len(h.Renewals)
+		rens := append([]Renewal(nil), h.Renewals...)
+		sort.Slice(rens, func(i, j int) bool { return rens[i].Ret < rens[j].Ret })
+		for _, r := range rens {
+			li := byToken[r.Token]
+			if li == nil || r.Ret < li.Ret {
+				continue // a renewal of no lease of ours extends nothing
+			}
+			last := li.bounds[len(li.bounds)-1].bound
+			li.bounds = append(li.bounds, boundPt{ret: r.Ret, bound: max(last, r.Send+int64(r.TTL)-int64(h.Margin))})
+		}
+		for _, b := range h.Blocks {
+			bi := &blockInfo{Block: b, proc: h}
+			rep.Blocks++
+			k := codeKey{b.Region, b.Worker}
+			allBlocks[k] = append(allBlocks[k], bi)
+			if li := byToken[b.Token]; li != nil && li.Region == b.Region && li.Worker == b.Worker {
+				li.blocks = append(li.blocks, bi)
+			}
+		}
+		for _, ls := range perProc[pi] {
+			sort.Slice(ls, func(i, j int) bool { return ls[i].Ret < ls[j].Ret })
+			for _, li := range ls {
+				sort.Slice(li.blocks, func(i, j int) bool { return li.blocks[i].Lo < li.blocks[j].Lo })
+			}
+		}
+	}
+	for _, ls := range owners {
+		sort.Slice(ls, func(i, j int) bool { return ls[i].Token < ls[j].Token })
+		for i := 0; i+1 < len(ls); i++ {
+			ls[i].next = ls[i+1]
+		}
+	}
+
+	ic, err := idcheck.New(idcheck.Config{
+		Expect:      idcheck.Codes([]int{cfg.Region}, snowflake.MaxWorker+1),
+		NotBefore:   cfg.NotBefore,
+		NotAfter:    cfg.NotAfter,
+		MaxExamples: cfg.MaxExamples,
+		Capacity:    int(total),
+	})
+	if err != nil {
+		return Report{}, errors.Wrap(err, "history: id checker")
+	}
+
+	for pi, h := range hs {
+		last := map[codeKey]int64{}
+		for _, m := range h.Mints {
+			ic.AddInt64(m.IDs...)
+			for _, v := range m.IDs {
+				rep.IDs++
+				if v <= 0 {
+					continue // out of range, counted by idcheck
+				}
+				id := snowflake.ID(v)
+				k := codeKey{id.Region(), id.Worker()}
+				if prev, ok := last[k]; ok && v <= prev {
+					rep.OrderViolations++
+					example("order", "%s: %d after %d on %v", h.Name, v, prev, k)
+				}
+				last[k] = max(last[k], v)
+
+				// Which of this process's leases of the code minted it.
+				ls := perProc[pi][k]
+				n := sort.Search(len(ls), func(i int) bool { return ls[i].Ret > m.T1 })
+				if n == 0 {
+					rep.OutsideBlock++
+					example("block", "%s: %d of %v handed out with no lease of that code held", h.Name, v, k)
+					continue
+				}
+				li, blk := ls[n-1], (*blockInfo)(nil)
+				for i := n - 1; i >= 0 && blk == nil; i-- {
+					if b := ls[i].blockAt(id.Linear(), m.T1); b != nil {
+						li, blk = ls[i], b
+					}
+				}
+				if blk == nil {
+					rep.OutsideBlock++
+					example("block", "%s: %d (L=%d) of %v is in no block received under token %d", h.Name, v, id.Linear(), k, li.Token)
+				} else {
+					blk.minted++
+					if validLocal := blk.Send + (blk.ValidUntil - blk.ServiceTime); m.T0 >= validLocal {
+						rep.AfterBlockValid++
+						rep.MaxBlockOverrun = max(rep.MaxBlockOverrun, time.Duration(m.T0-validLocal))
+						example("valid", "%s: %d handed out %v after its block [%d,%d) expired",
+							h.Name, v, time.Duration(m.T0-validLocal), blk.Lo, blk.Hi)
+					}
+				}
+				if dl := li.boundAt(m.T1); m.T0 >= dl {
+					rep.AfterDeadline++
+					example("deadline", "%s: %d of %v (token %d) handed out %v after the latest possible safety deadline",
+						h.Name, v, k, li.Token, time.Duration(m.T0-dl))
+				}
+				if nx := li.next; nx != nil && m.T0 >= nx.Ret {
+					rep.AfterNewOwner++
+					example("owner", "%s: %d of %v (token %d) handed out %v after %s acquired it (token %d)",
+						h.Name, v, k, li.Token, time.Duration(m.T0-nx.Ret), nx.proc.Name, nx.Token)
+				}
+			}
+		}
+	}
+
+	res := ic.Check()
+	rep.Duplicates, rep.OutOfRange = res.Duplicates, res.OutOfRange
+	rep.idErr = res.Err()
+
+	// Blocks of one code, from every process, never overlap.
+	for k, bs := range allBlocks {
+		sort.Slice(bs, func(i, j int) bool { return bs[i].Lo < bs[j].Lo })
+		var hi int64 = math.MinInt64
+		var prev *blockInfo
+		for _, b := range bs {
+			if b.Lo < hi {
+				rep.BlockOverlaps++
+				example("overlap", "%v: %s's [%d,%d) overlaps %s's [%d,%d)", k, b.proc.Name, b.Lo, b.Hi, prev.proc.Name, prev.Lo, prev.Hi)
+			}
+			if b.Hi > hi {
+				hi, prev = b.Hi, b
+			}
+			rep.GapPositions += b.Len() - b.minted
+			if b.minted == 0 {
+				rep.UnusedBlocks++
+			}
+		}
+	}
+
+	if cfg.HWM != nil {
+		rep.HWMChecked = true
+		checkHWM(&rep, cfg, allBlocks, example)
+	}
+	return rep, nil
+}
+
+// checkHWM matches the received blocks against etcd's HWM steps.
+func checkHWM(rep *Report, cfg Config, allBlocks map[codeKey][]*blockInfo, example func(kind, format string, args ...any)) {
+	received := map[codeKey]map[int]bool{}
+	first := map[codeKey]map[int64]int{}
+	for w, vals := range cfg.HWM {
+		k := codeKey{cfg.Region, w}
+		first[k] = map[int64]int{}
+		received[k] = map[int]bool{}
+		for i, v := range vals {
+			if i > 0 && v < vals[i-1] {
+				rep.HWMDecreases++
+				example("hwm", "%v: high-water mark went from %d to %d", k, vals[i-1], v)
+			}
+			if _, ok := first[k][v]; !ok {
+				first[k][v] = i
+			}
+		}
+	}
+	for k, bs := range allBlocks {
+		for _, b := range bs {
+			i, ok := first[k][b.Hi]
+			if !ok {
+				rep.BlocksNotInEtcd++
+				example("etcd", "%v: %s received [%d,%d) but the HWM key never held %d", k, b.proc.Name, b.Lo, b.Hi, b.Hi)
+				continue
+			}
+			var prev int64
+			if i > 0 {
+				prev = cfg.HWM[k.worker][i-1]
+			}
+			if b.Lo < prev {
+				rep.BlocksNotInEtcd++
+				example("etcd", "%v: %s received [%d,%d) but the HWM was already %d before it reached %d",
+					k, b.proc.Name, b.Lo, b.Hi, prev, b.Hi)
+				continue
+			}
+			received[k][i] = true
+		}
+	}
+	for w, vals := range cfg.HWM {
+		k := codeKey{cfg.Region, w}
+		var prev int64
+		for i, v := range vals {
+			if v > prev {
+				rep.HWMSteps++
+				if !received[k][i] {
+					rep.BurnedGrants++
+					rep.BurnedPosition += v - prev
+				}
+			}
+			prev = max(prev, v)
+		}
+	}
+}
