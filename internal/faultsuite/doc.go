@@ -32,6 +32,8 @@
 //	TestClientPausedPastLeaseIsFenced       SIGSTOP a client past its TTL, code to a new owner, SIGCONT
 //	TestServiceClockJumps                   service clock back 2 s, forward 10 s, back to true time
 //	TestClientClockMovesBack                client clocks back/forward, then the lease service isolated
+//	TestClientClockBackNearDeadline         client clock back 2 s just before its deadline, service isolated
+//	                                        (known rangeclient bug: skipped unless IDRANGE_FAULTS_KNOWN_BUGS=1)
 //	TestReplicaEtcdPartition                blackhole one replica's etcd traffic, then both, then heal
 //	TestSlowEtcd                            +100 ms then +600 ms each way to etcd, then back
 //	TestCorruptEtcdValuesStopTheCode        corrupt HWM and lease record: the code stops, never resets
@@ -43,6 +45,7 @@
 //	go test ./internal/faultsuite/                                   # short suite
 //	IDRANGE_FAULT_REPORT=/tmp/faults.md go test -count=1 -v ./internal/faultsuite/   # + figures table
 //	go test -tags soak -timeout 60m -count=1 -v ./internal/faultsuite/             # soak: 8x longer holds, 2x rate
+//	IDRANGE_FAULTS_KNOWN_BUGS=1 go test -count=1 -v -run NearDeadline ./internal/faultsuite/  # the known failure
 //
 // Every scenario logs a FIGURES line (IDs checked, faults injected, how long
 // clients ran on their buffers, time to fail closed, time to recover,

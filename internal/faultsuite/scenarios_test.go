@@ -3,6 +3,7 @@ package faultsuite
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -649,5 +650,72 @@ func TestCorruptEtcdValuesStopTheCode(t *testing.T) {
 	f.notes += fmt.Sprintf("corrupt HWM: fail closed %v, recover after repair %v; corrupt lease record: fail closed %v, on a fresh code after %v",
 		f.failClosed.Round(time.Millisecond), f.recovered.Round(time.Millisecond),
 		time.Duration(fl2.T1-k2).Round(time.Millisecond), time.Duration(rm2.T1-k2).Round(time.Millisecond))
+	s.publish(f)
+}
+
+// deadlineBound is the latest safety deadline the minter's records allow
+// for its latest lease (send + TTL - margin of its last renewal).
+func deadlineBound(h *history.History) int64 {
+	l := h.Leases[len(h.Leases)-1]
+	b := l.Send + int64(l.TTL) - int64(h.Margin)
+	for _, r := range h.Renewals {
+		if r.Token == l.Token {
+			b = max(b, r.Send+int64(r.TTL)-int64(h.Margin))
+		}
+	}
+	return b
+}
+
+// TestClientClockBackNearDeadline is the sharp form of a client clock
+// rollback: the lease service is isolated (replicas SIGSTOPped, so renewals
+// and refills hang until their timeout), and a client's clock moves back
+// 2 s shortly before its safety deadline. Its deadline is decided on the
+// client's own clock, so this is exactly when a rollback could make it mint
+// past the deadline; the checker measures the deadline on the host's
+// monotonic clock.
+//
+// KNOWN FAILURE (rangeclient, reported): the client compensates a backward
+// clock only in its refill loop (sample), which sits in a hanging Allocate
+// for up to RPCTimeout while the service is isolated, so the hot path and
+// the lease loop read the uncompensated clock: on this machine the client
+// handed out IDs up to ~0.8 s past its safety deadline (margin 1 s). It runs
+// with IDRANGE_FAULTS_KNOWN_BUGS=1 until rangeclient makes its now()
+// monotonic (e.g. max(last, reading) kept atomically).
+func TestClientClockBackNearDeadline(t *testing.T) {
+	if os.Getenv("IDRANGE_FAULTS_KNOWN_BUGS") != "1" {
+		t.Skip("known rangeclient bug: a client clock rollback just before the safety deadline lets it mint past the deadline " +
+			"(~0.8 s here); set IDRANGE_FAULTS_KNOWN_BUGS=1 to run")
+	}
+	s := newSuite(t, options{clientFaults: true, minters: 2})
+	s.waitMinting(s.mono0, 2000, time.Minute)
+	m := s.minters[1]
+
+	k := s.fault("SIGSTOP both replicas: the lease service is isolated")
+	for _, r := range s.replicas {
+		r.p.pause()
+	}
+	time.Sleep(100 * time.Millisecond) // let renewals already in flight land in the history
+	bound := deadlineBound(m.progress())
+	lead := 150 * time.Millisecond
+	if wait := time.Duration(bound - history.Now() - int64(lead)); wait > 0 {
+		time.Sleep(wait)
+	}
+	s.fault("%s's clock moves back 2 s, %v before its safety deadline", m.name, time.Duration(bound-history.Now()).Round(time.Millisecond))
+	m.p.send("clock -2s")
+	s.waitAllFailClosed(time.Minute)
+	s.hold(time.Second)
+	q := s.mark("SIGCONT both replicas")
+	for _, r := range s.replicas {
+		r.p.resume()
+	}
+	s.waitMinting(q, 1000, time.Minute)
+
+	res := s.finish()
+	f := s.figures(res)
+	s.checkOutage(res, k, q, &f)
+	if last, ok := res.hists[1].LastMintBefore(q); ok {
+		f.notes += fmt.Sprintf("%s's last ID before the repair was handed out %v before its deadline. ", m.name,
+			time.Duration(bound-last.T0).Round(time.Millisecond))
+	}
 	s.publish(f)
 }

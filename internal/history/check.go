@@ -67,8 +67,11 @@ type Report struct {
 	OutOfRange      int64 `json:"out_of_range"`
 	OrderViolations int64 `json:"order_violations"`
 	AfterDeadline   int64 `json:"after_deadline"`
-	AfterNewOwner   int64 `json:"after_new_owner"`
-	OutsideBlock    int64 `json:"outside_block"`
+	// MaxDeadlineOverrun is how far past the latest possible deadline the
+	// worst such ID was handed out.
+	MaxDeadlineOverrun time.Duration `json:"max_deadline_overrun"`
+	AfterNewOwner      int64         `json:"after_new_owner"`
+	OutsideBlock       int64         `json:"outside_block"`
 	// AfterBlockValid counts IDs handed out from a block after its
 	// validity, and MaxBlockOverrun is by how much at most: a freshness
 	// finding (FreshnessErr), not a safety violation.
@@ -113,7 +116,7 @@ func (r Report) Err() error {
 		errs = append(errs, errors.Wrapf(ErrOutOfRange, "%d id(s) out of range: %v", r.OutOfRange, r.idErr))
 	}
 	add(r.OrderViolations, ErrOrder, "order", "id(s) not above the previous id of their code in the same process")
-	add(r.AfterDeadline, ErrAfterDeadline, "deadline", "id(s) handed out after the safety deadline")
+	add(r.AfterDeadline, ErrAfterDeadline, "deadline", fmt.Sprintf("id(s) handed out up to %v after the safety deadline", r.MaxDeadlineOverrun))
 	add(r.AfterNewOwner, ErrAfterNewOwner, "owner", "id(s) handed out after a new owner acquired the code")
 	add(r.OutsideBlock, ErrOutsideBlock, "block", "id(s) outside every block received under the lease")
 	add(r.BlockOverlaps, ErrBlockOverlap, "overlap", "overlap(s) between received blocks")
@@ -314,6 +317,7 @@ func Check(hs []*History, cfg Config) (Report, error) {
 				}
 				if dl := li.boundAt(m.T1); m.T0 >= dl {
 					rep.AfterDeadline++
+					rep.MaxDeadlineOverrun = max(rep.MaxDeadlineOverrun, time.Duration(m.T0-dl))
 					example("deadline", "%s: %d of %v (token %d) handed out %v after the latest possible safety deadline",
 						h.Name, v, k, li.Token, time.Duration(m.T0-dl))
 				}
