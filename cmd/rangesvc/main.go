@@ -47,9 +47,11 @@ type command struct {
 
 // commands is the subcommand table; each lives in its own file.
 var commands = map[string]command{
-	"decode": {"print the fields of IDs", runDecode},
-	"serve":  {"run the regional range service (gRPC) on embedded or external etcd", runServe},
-	"mint":   {"mint N IDs through a range service and print them", runMint},
+	"decode":  {"print the fields of IDs", runDecode},
+	"serve":   {"run the regional range service (gRPC) on embedded or external etcd", runServe},
+	"mint":    {"mint N IDs through a range service and print them", runMint},
+	"compare": {"run one workload through each ID strategy and print a table", runCompare},
+	"bench":   {"fleet load test: regions x workers at a target rate, every ID verified", runBench},
 }
 
 func main() {

@@ -1,0 +1,251 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/idrange/idrange/internal/idcheck"
+	"github.com/idrange/idrange/snowflake"
+)
+
+var (
+	envOnce sync.Once
+	testEnv *Env
+	envErr  error
+)
+
+// sharedEnv is one pair of in-process regions on one etcd, reused by the
+// package's tests (each test's clients are its own).
+func sharedEnv(t *testing.T) *Env {
+	t.Helper()
+	envOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		testEnv, envErr = StartEnv(ctx, Config{Regions: 2})
+	})
+	if envErr != nil {
+		t.Fatalf("start regions: %v", envErr)
+	}
+	return testEnv
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if testEnv != nil {
+		testEnv.Close()
+	}
+	os.Exit(code)
+}
+
+func smallConfig() Config {
+	return Config{
+		Regions:    2,
+		Workers:    3,
+		Rate:       30_000,
+		Duration:   1200 * time.Millisecond,
+		Tick:       10 * time.Millisecond,
+		BurstSize:  3000,
+		BurstEvery: 400 * time.Millisecond,
+	}
+}
+
+// A small fleet run: the report is complete and consistent, every ID was
+// checked, and the JSON decodes.
+func TestSmallFleet(t *testing.T) {
+	env := sharedEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var progress bytes.Buffer
+	cfg := smallConfig()
+	cfg.Progress = &syncWriter{w: &progress}
+	cfg.ProgressEvery = 300 * time.Millisecond
+	rep, err := RunOn(ctx, env, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.Err(); err != nil {
+		t.Fatalf("report error: %v", err)
+	}
+	var buf bytes.Buffer
+	if err := rep.WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(buf.Bytes(), &back); err != nil {
+		t.Fatalf("JSON does not decode: %v\n%s", err, buf.String())
+	}
+	owed := int64(cfg.Rate * cfg.Duration.Seconds())
+	switch {
+	case back.IDs != back.Verify.Checked:
+		t.Errorf("minted %d, checked %d: every ID must be checked", back.IDs, back.Verify.Checked)
+	case back.IDs-back.BurstIDs < owed*9/10:
+		t.Errorf("paced IDs %d, the schedule owed %d", back.IDs-back.BurstIDs, owed)
+	case back.Verify.Duplicates != 0 || back.Verify.OutOfRange != 0 || back.Verify.Codes != 6:
+		t.Errorf("verify %+v", back.Verify)
+	case back.AchievedRate <= 0 || back.ScheduleKept <= 0 || back.Latency.P50 <= 0 || back.Latency.P999 > back.Latency.Max:
+		t.Errorf("figures %+v", back)
+	case back.Burst.Count < 1 || back.BurstIDs != int64(back.Burst.Count*cfg.BurstSize) || back.Burst.Duration.Max <= 0:
+		t.Errorf("burst %+v, burst IDs %d", back.Burst, back.BurstIDs)
+	case back.Refills < 1 || back.EtcdWrites < back.Store.Grants || back.Store.Grants < 1:
+		t.Errorf("refills %d, etcd writes %d, store %+v", back.Refills, back.EtcdWrites, back.Store)
+	case back.Fleet.Regions != 2 || back.Fleet.Workers != 3 || back.Fleet.PerWorkerRate != cfg.Rate/6:
+		t.Errorf("fleet %+v", back.Fleet)
+	}
+	var md bytes.Buffer
+	if err := rep.WriteMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"achieved rate", "latency per ID", "p99.9", "verification (every ID) | PASS", "etcd writes"} {
+		if !strings.Contains(md.String(), s) {
+			t.Errorf("markdown lacks %q:\n%s", s, md.String())
+		}
+	}
+	if !strings.Contains(progress.String(), "IDs/s (target") {
+		t.Errorf("no progress line:\n%s", progress.String())
+	}
+}
+
+// The Sink hook plants one duplicate in one worker's stream: the run must
+// report it and fail with ErrVerify / idcheck.ErrDuplicate.
+func TestPlantedDuplicateFailsTheRun(t *testing.T) {
+	env := sharedEnv(t)
+	cfg := smallConfig()
+	cfg.Duration = 500 * time.Millisecond
+	cfg.NoBurst = true
+	var once sync.Once
+	cfg.Sink = func(region, worker int, ids []snowflake.ID) []snowflake.ID {
+		if region == 1 && worker == 2 && len(ids) > 1 {
+			once.Do(func() { ids = append(ids, ids[0]) })
+		}
+		return ids
+	}
+	rep, err := RunOn(context.Background(), env, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Verify.Duplicates != 1 || len(rep.Verify.DuplicateExamples) != 1 {
+		t.Fatalf("verify %+v, want exactly one duplicate", rep.Verify)
+	}
+	err = rep.Err()
+	if !errors.Is(err, ErrVerify) || !errors.Is(err, idcheck.ErrDuplicate) {
+		t.Fatalf("Err = %v, want ErrVerify and idcheck.ErrDuplicate", err)
+	}
+	var md bytes.Buffer
+	rep.WriteMarkdown(&md)
+	if !strings.Contains(md.String(), "**FAIL**") {
+		t.Fatalf("markdown does not flag the failure:\n%s", md.String())
+	}
+}
+
+// An out-of-range ID (a code no worker leased) fails the run too.
+func TestForeignCodeFailsTheRun(t *testing.T) {
+	env := sharedEnv(t)
+	cfg := smallConfig()
+	cfg.Duration = 300 * time.Millisecond
+	cfg.NoBurst = true
+	var once sync.Once
+	cfg.Sink = func(_, _ int, ids []snowflake.ID) []snowflake.ID {
+		once.Do(func() { ids = append(ids, snowflake.FromLinear(ids[0].Linear(), 3, 255)) })
+		return ids
+	}
+	rep, err := RunOn(context.Background(), env, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.Err(); !errors.Is(err, idcheck.ErrOutOfRange) || rep.Verify.OutOfRange != 1 {
+		t.Fatalf("Err = %v, out of range %d; want ErrOutOfRange, 1", err, rep.Verify.OutOfRange)
+	}
+}
+
+// A two-point sweep writes a table, an SVG and JSON.
+func TestSweepWritesChart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("sweep runs the fleet twice")
+	}
+	env := sharedEnv(t)
+	cfg := smallConfig()
+	cfg.Duration = 600 * time.Millisecond
+	cfg.NoBurst = true
+	sr := &SweepReport{}
+	for _, b := range []int{409600, 4096000} {
+		pc := cfg
+		pc.Client.FixedBlock = b
+		rep, err := RunOn(context.Background(), env, pc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sr.Points = append(sr.Points, SweepPoint{Block: b, SpanMs: float64(b) / 4096, Report: rep})
+	}
+	if err := sr.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if sr.Points[0].Report.Refills <= sr.Points[1].Report.Refills {
+		t.Errorf("100 ms blocks refilled %d times, 1 s blocks %d: smaller blocks must refill more",
+			sr.Points[0].Report.Refills, sr.Points[1].Report.Refills)
+	}
+	dir := t.TempDir()
+	paths, err := sr.WriteFiles(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(paths) != 3 {
+		t.Fatalf("wrote %v", paths)
+	}
+	svg, err := os.ReadFile(filepath.Join(dir, "sweep.svg"))
+	if err != nil || !bytes.Contains(svg, []byte("<svg")) || !bytes.Contains(svg, []byte("etcd writes")) {
+		t.Fatalf("sweep.svg: %v, %d bytes", err, len(svg))
+	}
+	md, _ := os.ReadFile(filepath.Join(dir, "sweep.md"))
+	if !bytes.Contains(md, []byte("| 409600 | 100ms |")) || !bytes.Contains(md, []byte("| 4096000 | 1s |")) {
+		t.Fatalf("sweep.md:\n%s", md)
+	}
+	var back SweepReport
+	js, _ := os.ReadFile(filepath.Join(dir, "sweep.json"))
+	if err := json.Unmarshal(js, &back); err != nil || len(back.Points) != 2 {
+		t.Fatalf("sweep.json: %v, %d points", err, len(back.Points))
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	for name, cfg := range map[string]Config{
+		"regions":  {Regions: 5},
+		"workers":  {Workers: 300},
+		"rate":     {Rate: -1},
+		"duration": {Duration: time.Millisecond},
+		"tick":     {Tick: time.Microsecond},
+		"burst":    {BurstSize: -3},
+	} {
+		if err := cfg.Validate(); err == nil {
+			t.Errorf("%s: bad config accepted", name)
+		}
+	}
+	if err := (Config{}).Validate(); err != nil {
+		t.Errorf("defaults rejected: %v", err)
+	}
+}
+
+type syncWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+func (s *syncWriter) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.String()
+}

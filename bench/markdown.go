@@ -1,0 +1,93 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// WriteJSON writes the report as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error { return writeJSON(w, r) }
+
+// WriteJSON writes the sweep as indented JSON.
+func (s *SweepReport) WriteJSON(w io.Writer) error { return writeJSON(w, s) }
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// WriteMarkdown writes the report as a two-column Markdown table.
+func (r *Report) WriteMarkdown(w io.Writer) error {
+	var b strings.Builder
+	f := r.Fleet
+	fmt.Fprintf(&b, "Machine: %s. Started %s.\n\n", r.Machine, r.Started.Format(time.RFC3339))
+	fmt.Fprintf(&b, "Fleet: %d regions × %d workers = %d rangeclients over loopback gRPC, %s; target %s IDs/s (%.0f per worker, tick %v), %v",
+		f.Regions, f.Workers, f.Regions*f.Workers, f.Etcd, si(f.TargetRate), f.PerWorkerRate, time.Duration(f.Tick), time.Duration(f.Duration))
+	if f.FixedBlock > 0 {
+		fmt.Fprintf(&b, ", fixed block %d units (%s of span)", f.FixedBlock, spanString(f.FixedBlock))
+	} else {
+		fmt.Fprintf(&b, ", adaptive blocks (refill interval %v)", time.Duration(f.RefillInterval))
+	}
+	b.WriteString(".\n\n| measure | value |\n|---|---|\n")
+	row := func(k, format string, args ...any) { fmt.Fprintf(&b, "| %s | %s |\n", k, fmt.Sprintf(format, args...)) }
+	reached := "target reached"
+	if !r.TargetReached {
+		reached = "**target NOT reached on this machine**"
+	}
+	el := time.Duration(r.Elapsed).Seconds()
+	row("achieved rate (paced)", "%s IDs/s (%.1f%% of %s; %s)", si(r.AchievedRate), 100*r.AchievedRate/f.TargetRate, si(f.TargetRate), reached)
+	row("schedule kept", "%.2f%% of the %.0f IDs owed by the end; the last worker finished %v after the end",
+		100*r.ScheduleKept, f.TargetRate*time.Duration(f.Duration).Seconds(), (time.Duration(r.Elapsed) - time.Duration(f.Duration)).Round(time.Millisecond))
+	row("IDs minted", "%d in %v (%d of them in bursts; %s IDs/s in all)", r.IDs, time.Duration(r.Elapsed).Round(time.Millisecond), r.BurstIDs, si(r.TotalRate))
+	row("CPU used by this process", "%.2f cores (of %d; the host's load average was %s at start)", r.CPUCores, r.Machine.NumCPU, r.Machine.LoadAvg)
+	row("latency per ID", "p50 %s · p99 %s · p99.9 %s · max %s", lat(r.Latency.P50), lat(r.Latency.P99), lat(r.Latency.P999), lat(r.Latency.Max))
+	row("tick lateness (machine keeping up?)", "p50 %s · p99 %s · max %s", lat(r.TickLateness.P50), lat(r.TickLateness.P99), lat(r.TickLateness.Max))
+	if r.Burst.Size > 0 {
+		row(fmt.Sprintf("burst: %d IDs back to back, one worker", r.Burst.Size), "%d bursts, %d within 1 ms; duration p50 %s · max %s; per ID p99.9 %s",
+			r.Burst.Count, r.Burst.WithinBudget, lat(r.Burst.Duration.P50), lat(r.Burst.Duration.Max), lat(r.Burst.Latency.P999))
+	}
+	row("refills (blocks granted to clients)", "%d (%.0f/s); refill errors %d; backpressure %d", r.Refills, float64(r.Refills)/el, r.RefillErrors, r.Backpressure)
+	row("stalls (Next waited for a block)", "%d", r.Stalls)
+	row("Next calls slower than 1 ms", "%d of %d (%.4f%%)", r.SlowCalls, r.IDs, 100*float64(r.SlowCalls)/float64(max(r.IDs, 1)))
+	row("etcd writes", "%d (%.0f/s): %d grants, %d lease acquisitions, %d releases; %d HWM races retried",
+		r.EtcdWrites, r.EtcdWritesPerSec, r.Store.Grants, r.Store.Acquires, r.Store.Releases, r.Store.Conflicts)
+	row("lease renewals (keep-alives, not writes)", "%d", r.Store.Renewals)
+	row("failed Next calls", "%d%s", r.Errors, firstErr(r.FirstError))
+	row("setup (leases + first blocks)", "%v, %d client start(s) retried", time.Duration(r.SetupTime).Round(time.Millisecond), r.SetupRetries)
+	v := r.Verify
+	status := "PASS"
+	if v.Problem != "" {
+		status = "**FAIL**: " + v.Problem
+	}
+	if len(v.MissingCodes) > 0 {
+		row("workers that minted nothing", "%d (starved: their store calls did not complete in time)", len(v.MissingCodes))
+	}
+	row("verification (every ID)", "%s: %d checked, %d unique, %d duplicates, %d out of range, %d codes minted, in %v",
+		status, v.Checked, v.Unique, v.Duplicates, v.OutOfRange, v.Codes, time.Duration(r.VerifyTime).Round(time.Millisecond))
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func firstErr(s string) string {
+	if s == "" {
+		return ""
+	}
+	return " (first: " + strings.ReplaceAll(s, "|", "/") + ")"
+}
+
+// lat prints a latency with three significant digits.
+func lat(d time.Duration) string {
+	switch {
+	case d < time.Microsecond:
+		return fmt.Sprintf("%dns", d.Nanoseconds())
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.3gµs", float64(d)/1e3)
+	case d < time.Second:
+		return fmt.Sprintf("%.3gms", float64(d)/1e6)
+	}
+	return fmt.Sprintf("%.3gs", d.Seconds())
+}

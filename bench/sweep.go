@@ -1,0 +1,205 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgsvg"
+
+	"github.com/idrange/idrange/internal/machine"
+	"github.com/idrange/idrange/segment"
+)
+
+// DefaultSweepBlocks are the block sizes (linear units, 4,096 per ms of
+// span) a sweep tries: 1 ms, 10 ms, 100 ms, 1 s (the client's default
+// refill interval) and 10 s (the service's maximum).
+var DefaultSweepBlocks = []int{segment.PerMs, 10 * segment.PerMs, 100 * segment.PerMs, 1000 * segment.PerMs, 10_000 * segment.PerMs}
+
+// SweepPoint is one block size's run.
+type SweepPoint struct {
+	Block  int     `json:"block"`   // FixedBlock, linear units
+	SpanMs float64 `json:"span_ms"` // Block / 4,096: how long one block lasts
+	Report *Report `json:"report"`
+}
+
+// SweepReport is the outcome of a Sweep.
+type SweepReport struct {
+	Machine machine.Info `json:"machine"`
+	Started time.Time    `json:"started"`
+	Points  []SweepPoint `json:"points"`
+}
+
+// Err is the first point's failure, if any.
+func (s *SweepReport) Err() error {
+	for _, p := range s.Points {
+		if err := p.Report.VerifyErr(); err != nil {
+			return errors.Wrapf(err, "sweep block %d", p.Block)
+		}
+	}
+	return nil
+}
+
+// Sweep runs the fleet of cfg once per block size (cfg.Client.FixedBlock
+// set to each), on one environment, each for cfg.Duration. Every point's
+// IDs are verified. Errors of Next calls are reported per point, not
+// fatal: tiny blocks are expected to overload the store.
+func Sweep(ctx context.Context, cfg Config, blocks []int) (*SweepReport, error) {
+	if len(blocks) == 0 {
+		blocks = DefaultSweepBlocks
+	}
+	maxBlock := segment.DefaultMaxBlock
+	if cfg.Store.Policy.MaxBlock > 0 {
+		maxBlock = cfg.Store.Policy.MaxBlock
+	}
+	for _, b := range blocks {
+		if b < 1 || int64(b) > maxBlock {
+			return nil, errors.Newf("bench: sweep block %d not in 1..%d", b, maxBlock)
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	fmt.Fprintf(cfg.Progress, "bench: sweep over %d block sizes; starting %d region(s) (%s)\n", len(blocks), cfg.Regions, etcdLayout(cfg))
+	env, err := StartEnv(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer env.Close()
+	sr := &SweepReport{Machine: machine.Current(), Started: time.Now().UTC()}
+	for _, b := range blocks {
+		pc := cfg
+		pc.Client.FixedBlock = b
+		fmt.Fprintf(cfg.Progress, "bench: sweep point block=%d (%s of span)\n", b, spanString(b))
+		rep, err := RunOn(ctx, env, pc)
+		if err != nil {
+			return sr, errors.Wrapf(err, "sweep block %d", b)
+		}
+		sr.Points = append(sr.Points, SweepPoint{Block: b, SpanMs: float64(b) / segment.PerMs, Report: rep})
+	}
+	return sr, nil
+}
+
+func spanString(block int) string {
+	return (time.Duration(block) * time.Millisecond / segment.PerMs).String()
+}
+
+// WriteMarkdown writes the sweep as a table, one row per block size.
+func (s *SweepReport) WriteMarkdown(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Machine: %s. Sweep started %s.\n\n", s.Machine, s.Started.Format(time.RFC3339))
+	if len(s.Points) > 0 {
+		f := s.Points[0].Report.Fleet
+		fmt.Fprintf(&b, "Fleet per point: %d regions × %d workers, target %s IDs/s, %v each, %s.\n\n",
+			f.Regions, f.Workers, si(f.TargetRate), time.Duration(f.Duration), f.Etcd)
+	}
+	b.WriteString("| block (units) | span | achieved IDs/s | % of target | p50 / ID | p99 / ID | p99.9 / ID | max / ID | refills | stalls | calls > 1 ms | etcd writes/s | errors | IDs checked | duplicates |\n")
+	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, p := range s.Points {
+		r := p.Report
+		fmt.Fprintf(&b, "| %d | %s | %s | %.1f%% | %s | %s | %s | %s | %d | %d | %d | %.0f | %d | %s | %d |\n",
+			p.Block, spanString(p.Block), si(r.AchievedRate), 100*r.AchievedRate/r.Fleet.TargetRate,
+			lat(r.Latency.P50), lat(r.Latency.P99), lat(r.Latency.P999), lat(r.Latency.Max),
+			r.Refills, r.Stalls, r.SlowCalls, r.EtcdWritesPerSec, r.Errors, si(float64(r.Verify.Checked)), r.Verify.Duplicates)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// WriteSVG draws three stacked panels against block size (log scale):
+// achieved throughput, p99.9 latency per ID, and etcd writes per second.
+func (s *SweepReport) WriteSVG(w io.Writer) error {
+	if len(s.Points) == 0 {
+		return errors.New("bench: empty sweep, nothing to chart")
+	}
+	type series struct {
+		title, ylabel string
+		y             func(*Report) float64
+	}
+	panels := []series{
+		{"Achieved throughput", "IDs/s", func(r *Report) float64 { return r.AchievedRate }},
+		{"p99.9 latency per ID", "µs", func(r *Report) float64 { return float64(r.Latency.P999) / 1e3 }},
+		{"etcd writes", "writes/s", func(r *Report) float64 { return r.EtcdWritesPerSec }},
+	}
+	plots := make([][]*plot.Plot, len(panels))
+	for i, ps := range panels {
+		p := plot.New()
+		p.Title.Text = ps.title
+		p.X.Label.Text = "block size (linear units; 4,096 = 1 ms of span)"
+		p.Y.Label.Text = ps.ylabel
+		p.X.Scale = plot.LogScale{}
+		p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+		pts := make(plotter.XYs, len(s.Points))
+		for j, pt := range s.Points {
+			pts[j].X, pts[j].Y = float64(pt.Block), max(ps.y(pt.Report), 0)
+		}
+		line, scatter, err := plotter.NewLinePoints(pts)
+		if err != nil {
+			return errors.Wrap(err, "bench: chart")
+		}
+		p.Add(line, scatter, plotter.NewGrid())
+		p.Y.Min = 0
+		if i == 0 {
+			target := s.Points[0].Report.Fleet.TargetRate
+			tl, err := plotter.NewLine(plotter.XYs{{X: pts[0].X, Y: target}, {X: pts[len(pts)-1].X, Y: target}})
+			if err == nil {
+				tl.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+				p.Add(tl)
+				p.Legend.Add("target", tl)
+				p.Legend.Add("achieved", line)
+				p.Legend.Top = false
+				p.Legend.Left = false
+				p.Y.Max = max(p.Y.Max, target*1.1)
+			}
+		}
+		plots[i] = []*plot.Plot{p}
+	}
+	c := vgsvg.New(7*vg.Inch, 9*vg.Inch)
+	dc := draw.New(c)
+	t := draw.Tiles{Rows: len(panels), Cols: 1, PadX: vg.Millimeter, PadY: 4 * vg.Millimeter,
+		PadTop: vg.Points(4), PadBottom: vg.Points(4), PadLeft: vg.Points(4), PadRight: vg.Points(8)}
+	canvases := plot.Align(plots, t, dc)
+	for i := range plots {
+		plots[i][0].Draw(canvases[i][0])
+	}
+	_, err := c.WriteTo(w)
+	return err
+}
+
+// WriteFiles writes sweep.svg, sweep.md and sweep.json into dir (created
+// if missing) and returns their paths.
+func (s *SweepReport) WriteFiles(dir string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, errors.Wrapf(err, "bench: output dir %s", dir)
+	}
+	var paths []string
+	for _, f := range []struct {
+		name  string
+		write func(io.Writer) error
+	}{{"sweep.svg", s.WriteSVG}, {"sweep.md", s.WriteMarkdown}, {"sweep.json", s.WriteJSON}} {
+		p := filepath.Join(dir, f.name)
+		fh, err := os.Create(p)
+		if err != nil {
+			return paths, errors.Wrapf(err, "bench: create %s", p)
+		}
+		err = f.write(fh)
+		if cerr := fh.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return paths, errors.Wrapf(err, "bench: write %s", p)
+		}
+		paths = append(paths, p)
+	}
+	return paths, nil
+}

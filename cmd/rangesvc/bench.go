@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/idrange/idrange/bench"
+	"github.com/idrange/idrange/rangeclient"
+)
+
+const benchUsage = `usage: rangesvc bench [flags]
+
+Runs the fleet load test in this process: --regions x --workers rangeclients
+(default 4 x 200), each over loopback gRPC to its region's in-process
+rangesvc (one embedded etcd shared by all regions unless --etcd-per-region),
+paced to --rate IDs/s in total for --duration, plus a burst of --burst IDs
+from one worker every --burst-every. Every ID is verified unique and in
+range at the end; exit 1 on any duplicate, out-of-range ID or failed call.
+With --sweep, runs once per block size instead and writes a chart.
+
+Prints a Markdown table (or JSON) on stdout, a progress line every second
+on stderr.
+
+flags:`
+
+// runBench is `rangesvc bench`.
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("bench", stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, benchUsage)
+		fs.PrintDefaults()
+	}
+	var (
+		regions       = fs.Int("regions", bench.DefaultRegions, "regions (1..4)")
+		workers       = fs.Int("workers", bench.DefaultWorkers, "workers (rangeclients) per region (1..256)")
+		rate          = fs.Float64("rate", bench.DefaultRate, "target aggregate IDs/s")
+		duration      = fs.Duration("duration", bench.DefaultDuration, "paced run time (per point with --sweep)")
+		tick          = fs.Duration("tick", bench.DefaultTick, "pacing interval of each worker")
+		burst         = fs.Int("burst", bench.DefaultBurstSize, "IDs one worker asks for back to back (0: no burst)")
+		burstEvery    = fs.Duration("burst-every", bench.DefaultBurstEvery, "interval between bursts")
+		refill        = fs.Duration("refill-interval", rangeclient.DefaultRefillInterval, "rangeclient RefillInterval (block span)")
+		fixedBlock    = fs.Int("block", 0, "rangeclient FixedBlock in linear units (0: adaptive)")
+		prefetch      = fs.Float64("prefetch", rangeclient.DefaultPrefetchThreshold, "rangeclient PrefetchThreshold (0, 1]")
+		etcdPerRegion = fs.Bool("etcd-per-region", false, "one embedded etcd per region instead of one shared")
+		format        = fs.String("format", "markdown", "output format: markdown or json")
+		sweep         = fs.Bool("sweep", false, "run once per block size (--sweep-blocks) and chart the results")
+		sweepBlocks   = fs.String("sweep-blocks", joinInts(bench.DefaultSweepBlocks), "comma-separated block sizes (linear units) for --sweep")
+		out           = fs.String("out", "", "with --sweep: directory for sweep.svg, sweep.md, sweep.json")
+	)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected arguments %q", fs.Args())
+	}
+	if *format != "markdown" && *format != "json" {
+		return usagef("--format %q: want markdown or json", *format)
+	}
+	switch {
+	case *regions < 1:
+		return usagef("--regions %d must be at least 1", *regions)
+	case *workers < 1:
+		return usagef("--workers %d must be at least 1", *workers)
+	case !(*rate > 0):
+		return usagef("--rate %v must be positive", *rate)
+	case *duration <= 0:
+		return usagef("--duration %v must be positive", *duration)
+	case *tick <= 0:
+		return usagef("--tick %v must be positive", *tick)
+	case *burst < 0:
+		return usagef("--burst %d is negative", *burst)
+	case *burstEvery <= 0:
+		return usagef("--burst-every %v must be positive", *burstEvery)
+	case *refill <= 0:
+		return usagef("--refill-interval %v must be positive", *refill)
+	case *fixedBlock < 0:
+		return usagef("--block %d is negative", *fixedBlock)
+	case !(*prefetch > 0 && *prefetch <= 1):
+		return usagef("--prefetch %v not in (0, 1]", *prefetch)
+	}
+	if *out != "" && !*sweep {
+		return usagef("--out is only used with --sweep")
+	}
+	cfg := bench.Config{
+		Regions:       *regions,
+		Workers:       *workers,
+		Rate:          *rate,
+		Duration:      *duration,
+		Tick:          *tick,
+		BurstSize:     *burst,
+		BurstEvery:    *burstEvery,
+		NoBurst:       *burst == 0,
+		EtcdPerRegion: *etcdPerRegion,
+		Progress:      stderr,
+		Client: rangeclient.Config{
+			RefillInterval:    *refill,
+			FixedBlock:        *fixedBlock,
+			PrefetchThreshold: *prefetch,
+		},
+	}
+	if cfg.NoBurst {
+		cfg.BurstSize = 1 // unused; keeps validation simple
+	}
+	if err := cfg.Validate(); err != nil {
+		return usageError{err}
+	}
+	if err := cfg.Client.Validate(); err != nil && !isOnlyTargetError(cfg.Client) {
+		return usageError{err}
+	}
+	if *sweep {
+		blocks, err := parseInts(*sweepBlocks)
+		if err != nil {
+			return usagef("--sweep-blocks: %v", err)
+		}
+		if *fixedBlock != 0 {
+			return usagef("--block and --sweep are exclusive (the sweep sets the block)")
+		}
+		start := time.Now()
+		sr, err := bench.Sweep(ctx, cfg, blocks)
+		if err != nil {
+			return err
+		}
+		if *format == "json" {
+			err = sr.WriteJSON(stdout)
+		} else {
+			err = sr.WriteMarkdown(stdout)
+		}
+		if err != nil {
+			return err
+		}
+		if *out != "" {
+			paths, err := sr.WriteFiles(*out)
+			if err != nil {
+				return err
+			}
+			for _, p := range paths {
+				fmt.Fprintf(stderr, "bench: wrote %s\n", p)
+			}
+		}
+		fmt.Fprintf(stderr, "bench: sweep finished in %v\n", time.Since(start).Round(time.Second))
+		return sr.Err()
+	}
+	rep, err := bench.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if *format == "json" {
+		err = rep.WriteJSON(stdout)
+	} else {
+		err = rep.WriteMarkdown(stdout)
+	}
+	if err != nil {
+		return err
+	}
+	if !rep.TargetReached {
+		fmt.Fprintf(stderr, "bench: target %.0f IDs/s NOT reached on this machine: achieved %.0f IDs/s\n", cfg.Rate, rep.AchievedRate)
+	}
+	return rep.Err()
+}
+
+// isOnlyTargetError: the base client config has no Targets yet (bench
+// fills them in per worker), so "Targets or Allocator required" is expected;
+// any other field error is the user's.
+func isOnlyTargetError(c rangeclient.Config) bool {
+	c.Targets = []string{"127.0.0.1:1"}
+	return c.Validate() == nil
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range splitList(s) {
+		v, err := strconv.Atoi(f)
+		if err != nil || v < 1 {
+			return nil, fmt.Errorf("%q is not a positive integer", f)
+		}
+		out = append(out, v)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no block sizes")
+	}
+	return out, nil
+}
+
+func joinInts(v []int) string {
+	s := ""
+	for i, x := range v {
+		if i > 0 {
+			s += ","
+		}
+		s += strconv.Itoa(x)
+	}
+	return s
+}

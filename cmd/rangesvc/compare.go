@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/idrange/idrange/compare"
+	"github.com/idrange/idrange/internal/region"
+)
+
+const compareUsage = `usage: rangesvc compare [flags]
+
+Runs one workload (calls of --batch IDs) through each strategy in this
+process, one after the other: local snowflake minting, the buffered
+rangeclient against an in-process rangesvc on embedded etcd (loopback
+gRPC), one Next RPC per ID, one AllocateBlock per call, and UUIDv7. Each
+strategy runs --duration: half on 1 goroutine, half on --goroutines.
+Prints a Markdown table (or JSON) on stdout, progress on stderr. Exit 1 if
+any strategy failed or produced a duplicate or out-of-range ID.
+
+flags:`
+
+// runCompare is `rangesvc compare`.
+func runCompare(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("compare", stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, compareUsage)
+		fs.PrintDefaults()
+	}
+	var (
+		duration   = fs.Duration("duration", compare.DefaultDuration, "time per strategy (half at 1 goroutine, half at --goroutines)")
+		ids        = fs.Int64("ids", 0, "also stop each phase after this many IDs (0: duration only)")
+		goroutines = fs.Int("goroutines", compare.DefaultGoroutines, "goroutines of the concurrent phase")
+		batch      = fs.String("batch", fmt.Sprintf("%d-%d", compare.DefaultBatchMin, compare.DefaultBatchMax), "IDs per call: N or MIN-MAX (uniform)")
+		strategies = fs.String("strategies", strings.Join(defaultStrategyNames(), ","), "comma-separated strategies to run, in order")
+		format     = fs.String("format", "markdown", "output format: markdown or json")
+		verifyMax  = fs.Int("verify-max", compare.DefaultVerifyMax, "IDs kept per strategy for the uniqueness check")
+		seed       = fs.Uint64("seed", 1, "seed of the batch-size sequence")
+	)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected arguments %q", fs.Args())
+	}
+	if *format != "markdown" && *format != "json" {
+		return usagef("--format %q: want markdown or json", *format)
+	}
+	switch {
+	case *duration <= 0:
+		return usagef("--duration %v must be positive", *duration)
+	case *ids < 0:
+		return usagef("--ids %d is negative", *ids)
+	case *goroutines < 1:
+		return usagef("--goroutines %d must be at least 1", *goroutines)
+	case *verifyMax < 1:
+		return usagef("--verify-max %d must be at least 1", *verifyMax)
+	case *seed == 0:
+		return usagef("--seed must not be 0")
+	}
+	bmin, bmax, err := parseBatch(*batch)
+	if err != nil {
+		return usageError{err}
+	}
+	strats, err := compare.ByName(splitList(*strategies))
+	if err != nil {
+		return usageError{err}
+	}
+	cfg := compare.Config{
+		Strategies: strats,
+		Duration:   *duration,
+		IDs:        *ids,
+		Goroutines: *goroutines,
+		BatchMin:   bmin,
+		BatchMax:   bmax,
+		VerifyMax:  *verifyMax,
+		Seed:       *seed,
+		Progress:   stderr,
+	}
+	needRegion := false
+	for _, s := range strats {
+		needRegion = needRegion || s.Info().NeedsRegion
+	}
+	if needRegion {
+		cfg.Region = &regionPlaceholder{} // for validation only
+	}
+	if err := cfg.Validate(); err != nil {
+		return usageError{err}
+	}
+	if needRegion {
+		fmt.Fprintln(stderr, "compare: starting an in-process region 0 (embedded etcd with fsync, rangesvc on 127.0.0.1)")
+		start := time.Now()
+		r, err := region.Start(ctx, region.Config{Region: 0})
+		if err != nil {
+			return errors.Wrap(err, "start the in-process region")
+		}
+		defer r.Close()
+		fmt.Fprintf(stderr, "compare: region ready at %s in %v\n", r.Addr(), time.Since(start).Round(time.Millisecond))
+		cfg.Region = r
+	}
+	rep, err := compare.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if *format == "json" {
+		err = rep.WriteJSON(stdout)
+	} else {
+		err = rep.WriteMarkdown(stdout)
+	}
+	if err != nil {
+		return err
+	}
+	return rep.Err()
+}
+
+func defaultStrategyNames() []string {
+	var out []string
+	for _, s := range compare.Default() {
+		out = append(out, s.Info().Name)
+	}
+	return out
+}
+
+// regionPlaceholder satisfies compare.Region so flags can be validated
+// before etcd is started; it is never used to run.
+type regionPlaceholder struct{}
+
+func (*regionPlaceholder) RegionID() int      { return 0 }
+func (*regionPlaceholder) Addr() string       { return "" }
+func (*regionPlaceholder) EtcdWrites() uint64 { return 0 }
+func (*regionPlaceholder) EnableNext(context.Context) (func() error, error) {
+	return nil, errors.New("placeholder region")
+}
+
+// parseBatch reads "N" or "MIN-MAX".
+func parseBatch(s string) (int, int, error) {
+	lo, hi, found := strings.Cut(s, "-")
+	a, err := strconv.Atoi(strings.TrimSpace(lo))
+	if err != nil {
+		return 0, 0, errors.Newf("--batch %q: want N or MIN-MAX", s)
+	}
+	b := a
+	if found {
+		if b, err = strconv.Atoi(strings.TrimSpace(hi)); err != nil {
+			return 0, 0, errors.Newf("--batch %q: want N or MIN-MAX", s)
+		}
+	}
+	if a < 1 || b < a || b > 4096 {
+		return 0, 0, errors.Newf("--batch %q: need 1 <= MIN <= MAX <= 4096", s)
+	}
+	return a, b, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}

@@ -1,0 +1,52 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/idrange/idrange/compare"
+)
+
+func TestCompareAndBenchUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"compare", "--format", "xml"},
+		{"compare", "--batch", "9-3"},
+		{"compare", "--strategies", "local,carrier-pigeon"},
+		{"compare", "--goroutines", "0"},
+		{"compare", "extra"},
+		{"bench", "--regions", "5"},
+		{"bench", "--workers", "0"},
+		{"bench", "--format", "yaml"},
+		{"bench", "--prefetch", "1.5"},
+		{"bench", "--out", "/tmp/x"},
+		{"bench", "--sweep", "--sweep-blocks", "4096,zero"},
+	} {
+		code, out, errs := runCmd(args...)
+		if code != exitUsage {
+			t.Errorf("%q: exit %d, want %d (stderr %q)", args, code, exitUsage, errs)
+		}
+		if out != "" {
+			t.Errorf("%q: stdout %q, want nothing", args, out)
+		}
+	}
+}
+
+// compare with only the strategies that need no service runs in well under
+// a second and prints JSON that decodes.
+func TestCompareLocalJSON(t *testing.T) {
+	code, out, errs := runCmd("compare", "--strategies", "local,uuidv7", "--duration", "200ms", "--goroutines", "2", "--format", "json")
+	if code != exitOK {
+		t.Fatalf("exit %d, stderr %s", code, errs)
+	}
+	var rep compare.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("stdout is not the JSON report: %v\n%s", err, out)
+	}
+	if len(rep.Results) != 2 || rep.Results[0].Name != "local" || rep.Results[1].Name != "uuidv7" {
+		t.Fatalf("results %+v", rep.Results)
+	}
+	if !strings.Contains(errs, "compare: local") {
+		t.Errorf("no progress on stderr: %q", errs)
+	}
+}

@@ -1,0 +1,239 @@
+package compare
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/idrange/idrange/internal/region"
+	"github.com/idrange/idrange/internal/rpccount"
+	"github.com/idrange/idrange/rangeclient"
+	"github.com/idrange/idrange/snowflake"
+)
+
+var (
+	regionOnce sync.Once
+	testRegion *region.Region
+	regionErr  error
+)
+
+// sharedRegion starts one in-process region for the package's tests (etcd
+// start-up is the slow part); it lives until the test binary exits.
+func sharedRegion(t *testing.T) *region.Region {
+	t.Helper()
+	regionOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		testRegion, regionErr = region.Start(ctx, region.Config{Region: 1})
+	})
+	if regionErr != nil {
+		t.Fatalf("start region: %v", regionErr)
+	}
+	return testRegion
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if testRegion != nil {
+		testRegion.Close()
+	}
+	os.Exit(code)
+}
+
+// A short run of every built-in strategy produces a complete report: all
+// five present, positive rates and latencies, the network strategies
+// counted (RPCs, etcd writes) and the local ones not, every 64-bit ID
+// checked, JSON that decodes back, and Markdown with both tables.
+func TestRunAllStrategies(t *testing.T) {
+	r := sharedRegion(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rep, err := Run(ctx, Config{Region: r, Duration: 600 * time.Millisecond, Goroutines: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.Err(); err != nil {
+		t.Fatalf("report error: %v", err)
+	}
+
+	var buf bytes.Buffer
+	if err := rep.WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(buf.Bytes(), &back); err != nil {
+		t.Fatalf("JSON does not decode: %v", err)
+	}
+	want := []string{LocalName, BufferedName, PerIDRPCName, SegmentPerCallName, UUIDv7Name}
+	if len(back.Results) != len(want) {
+		t.Fatalf("%d results, want %d", len(back.Results), len(want))
+	}
+	for i, name := range want {
+		res := back.Results[i]
+		if res.Name != name {
+			t.Fatalf("result %d is %q, want %q", i, res.Name, name)
+		}
+		if res.Error != "" {
+			t.Errorf("%s: %s", name, res.Error)
+		}
+		for _, ph := range []Phase{res.Single, res.Multi} {
+			if ph.IDs <= 0 || ph.Calls <= 0 || ph.IDsPerSec <= 0 || ph.Latency.P50 <= 0 || ph.Latency.Max < ph.Latency.P999 {
+				t.Errorf("%s at %d goroutines: non-positive figures %+v", name, ph.Goroutines, ph)
+			}
+		}
+		if res.Single.Goroutines != 1 || res.Multi.Goroutines != 3 {
+			t.Errorf("%s: goroutines %d/%d, want 1/3", name, res.Single.Goroutines, res.Multi.Goroutines)
+		}
+		if res.Verify.Checked <= 0 || res.Verify.Duplicates != 0 || res.Verify.Checked > res.Verify.Minted {
+			t.Errorf("%s: verify %+v", name, res.Verify)
+		}
+		if res.RatioSingle <= 0 || res.RatioMulti <= 0 {
+			t.Errorf("%s: ratios %v/%v", name, res.RatioSingle, res.RatioMulti)
+		}
+	}
+	local, rpc, seg := back.Result(LocalName), back.Result(PerIDRPCName), back.Result(SegmentPerCallName)
+	if local.RPCsPer1M != 0 || local.EtcdWritesPer1M != 0 || local.RatioSingle != 1 {
+		t.Errorf("local: %v RPCs/1M, %v writes/1M, ratio %v", local.RPCsPer1M, local.EtcdWritesPer1M, local.RatioSingle)
+	}
+	// One Next RPC per ID, exactly (no failed calls in a healthy run).
+	if rpc.RPCsPer1M != 1e6 {
+		t.Errorf("per-id-rpc: %v RPCs per 1M IDs, want 1,000,000", rpc.RPCsPer1M)
+	}
+	// One AllocateBlock per call, so at least 1e6/BatchMax per 1M IDs,
+	// and one etcd write (grant) each.
+	if seg.RPCsPer1M < 1e6/DefaultBatchMax || seg.EtcdWritesPer1M < 1e6/DefaultBatchMax {
+		t.Errorf("segment-per-call: %v RPCs and %v etcd writes per 1M IDs, want >= %v", seg.RPCsPer1M, seg.EtcdWritesPer1M, 1e6/DefaultBatchMax)
+	}
+	if buf := back.Result(BufferedName); buf.RPCsPer1M <= 0 || buf.EtcdWritesPer1M <= 0 || buf.RPCsPer1M >= seg.RPCsPer1M {
+		t.Errorf("buffered: %v RPCs / %v writes per 1M IDs (segment-per-call %v)", buf.RPCsPer1M, buf.EtcdWritesPer1M, seg.RPCsPer1M)
+	}
+	if u := back.Result(UUIDv7Name); u.Bits != 128 || u.Deterministic || u.BytesPerID != 16 {
+		t.Errorf("uuidv7 info %+v", u.Info)
+	}
+
+	var md bytes.Buffer
+	if err := rep.WriteMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range append(want, "| strategy | goroutines | IDs/s |", "etcd writes / 1M IDs", "buffered vs local", "per-ID RPC vs buffered") {
+		if !strings.Contains(md.String(), s) {
+			t.Errorf("markdown lacks %q:\n%s", s, md.String())
+		}
+	}
+}
+
+// dupStrategy wraps local minting and hands out one ID twice, to prove the
+// check can fail.
+type dupStrategy struct{ Strategy }
+
+func (d dupStrategy) Info() Info {
+	i := d.Strategy.Info()
+	i.Name = "local-with-duplicate"
+	return i
+}
+
+func (d dupStrategy) Start(ctx context.Context, env Env) (Instance, error) {
+	inst, err := d.Strategy.Start(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	return &dupInstance{Instance: inst}, nil
+}
+
+type dupInstance struct {
+	Instance
+	once sync.Once
+	prev snowflake.ID
+	mu   sync.Mutex
+}
+
+func (d *dupInstance) Worker() Worker { return dupWorker{d, d.Instance.Worker()} }
+
+type dupWorker struct {
+	d *dupInstance
+	w Worker
+}
+
+func (w dupWorker) Mint(ctx context.Context, n int, out *Batch) error {
+	if err := w.w.Mint(ctx, n, out); err != nil {
+		return err
+	}
+	w.d.mu.Lock()
+	defer w.d.mu.Unlock()
+	if w.d.prev == 0 {
+		w.d.prev = out.IDs[0]
+	} else {
+		w.d.once.Do(func() { out.IDs[len(out.IDs)-1] = w.d.prev })
+	}
+	return nil
+}
+
+func TestDuplicateIsCaught(t *testing.T) {
+	rep, err := Run(context.Background(), Config{Strategies: []Strategy{Local(), dupStrategy{Local()}}, Duration: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Result(LocalName).Verify.Duplicates != 0 {
+		t.Fatal("clean local strategy reported duplicates")
+	}
+	res := rep.Result("local-with-duplicate")
+	if res.Verify.Duplicates != 1 || res.Verify.Problem == "" {
+		t.Fatalf("planted duplicate not found: %+v", res.Verify)
+	}
+	if !errors.Is(rep.Err(), ErrVerify) {
+		t.Fatalf("Err = %v, want ErrVerify", rep.Err())
+	}
+	var md bytes.Buffer
+	rep.WriteMarkdown(&md)
+	if !strings.Contains(md.String(), "VERIFY FAILED") {
+		t.Fatalf("markdown does not flag the failure:\n%s", md.String())
+	}
+}
+
+func TestIDsBoundAndConfig(t *testing.T) {
+	rep, err := Run(context.Background(), Config{Strategies: []Strategy{Local(), UUIDv7()}, Duration: 10 * time.Second, IDs: 5000, Goroutines: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range rep.Results {
+		// each goroutine stops at its quota; a call may overshoot by < BatchMax
+		for _, ph := range []Phase{res.Single, res.Multi} {
+			if ph.IDs < 5000 || ph.IDs >= 5000+int64(ph.Goroutines*DefaultBatchMax) {
+				t.Errorf("%s: %d IDs with a 5000 cap at %d goroutines", res.Name, ph.IDs, ph.Goroutines)
+			}
+			if time.Duration(ph.Elapsed) > 5*time.Second {
+				t.Errorf("%s: the ID bound did not end the phase early (%v)", res.Name, time.Duration(ph.Elapsed))
+			}
+		}
+	}
+	for name, cfg := range map[string]Config{
+		"needs region": {Strategies: []Strategy{Buffered(rangeclient.Config{})}},
+		"batch":        {BatchMin: 5, BatchMax: 2},
+		"goroutines":   {Goroutines: -1},
+		"duration":     {Duration: time.Millisecond},
+		"repeated":     {Strategies: []Strategy{Local(), Local()}},
+	} {
+		if _, err := Run(context.Background(), cfg); err == nil {
+			t.Errorf("%s: bad config accepted", name)
+		}
+	}
+	if _, err := ByName([]string{"local", "nope"}); err == nil {
+		t.Error("unknown strategy name accepted")
+	}
+}
+
+func TestRPCCountSub(t *testing.T) {
+	a := rpccount.Snapshot{Calls: 10, SentBytes: 100, ByMethod: map[string]uint64{"/x": 10}}
+	b := rpccount.Snapshot{Calls: 4, SentBytes: 40, ByMethod: map[string]uint64{"/x": 4}}
+	d := a.Sub(b)
+	if d.Calls != 6 || d.SentBytes != 60 || d.ByMethod["/x"] != 6 {
+		t.Fatalf("Sub = %+v", d)
+	}
+}

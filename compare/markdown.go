@@ -1,0 +1,141 @@
+package compare
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// WriteJSON writes the report as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// WriteMarkdown writes the report as Markdown: a throughput and latency
+// table (one row per strategy and goroutine count), a cost and properties
+// table, and the headline ratios.
+func (r *Report) WriteMarkdown(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Machine: %s. Started %s; %v per strategy (half at 1 goroutine, half at %d), calls of %d–%d IDs.\n\n",
+		r.Machine, r.Started.Format(time.RFC3339), time.Duration(r.Duration), r.Goroutines, r.BatchMin, r.BatchMax)
+
+	b.WriteString("| strategy | goroutines | IDs/s | × local | calls | waits | p50 / call | p99 / call | p99.9 / call | max / call |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, res := range r.Results {
+		for i, ph := range []Phase{res.Single, res.Multi} {
+			ratio := res.RatioSingle
+			if i == 1 {
+				ratio = res.RatioMulti
+			}
+			if ph.Goroutines == 0 {
+				continue
+			}
+			fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d | %s | %s | %s | %s |\n",
+				res.Name, ph.Goroutines, rate(ph.IDsPerSec), ratioStr(ratio), count(ph.Calls), ph.Waits,
+				lat(ph.Latency.P50), lat(ph.Latency.P99), lat(ph.Latency.P999), lat(ph.Latency.Max))
+		}
+	}
+
+	b.WriteString("\n| strategy | bits | bytes/ID | network calls / 1M IDs | etcd writes / 1M IDs | wire bytes / ID | deterministic | time-ordered | max ts lead | IDs checked | duplicates |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|\n")
+	for _, res := range r.Results {
+		order := yesNo(res.TimeOrdered)
+		if v := res.Single.OrderViolations + res.Multi.OrderViolations; v > 0 {
+			order += fmt.Sprintf(" (%d out of order!)", v)
+		}
+		lead := max(res.Single.MaxLeadMs, res.Multi.MaxLeadMs)
+		fmt.Fprintf(&b, "| %s | %d | %d | %s | %s | %s | %s | %s | %d ms | %s | %d |\n",
+			res.Name, res.Bits, res.BytesPerID, per1M(res.RPCsPer1M), per1M(res.EtcdWritesPer1M),
+			fmt.Sprintf("%.3g", res.WireBytesPerID), yesNo(res.Deterministic), order, lead,
+			checked(res.Verify), res.Verify.Duplicates)
+	}
+
+	b.WriteString("\n")
+	local, buf, rpc := r.Result(LocalName), r.Result(BufferedName), r.Result(PerIDRPCName)
+	if local != nil && buf != nil {
+		fmt.Fprintf(&b, "- buffered vs local: %s at 1 goroutine, %s at %d.\n",
+			ratioStr(buf.RatioSingle), ratioStr(buf.RatioMulti), r.Goroutines)
+	}
+	if buf != nil && rpc != nil && buf.Single.IDsPerSec > 0 && buf.Multi.IDsPerSec > 0 {
+		fmt.Fprintf(&b, "- per-ID RPC vs buffered: %s at 1 goroutine, %s at %d (p99 per call %s vs %s).\n",
+			ratioStr(rpc.Single.IDsPerSec/buf.Single.IDsPerSec), ratioStr(rpc.Multi.IDsPerSec/buf.Multi.IDsPerSec),
+			r.Goroutines, lat(rpc.Single.Latency.P99), lat(buf.Single.Latency.P99))
+	}
+	for _, res := range r.Results {
+		if res.Error != "" {
+			fmt.Fprintf(&b, "- %s FAILED: %s\n", res.Name, res.Error)
+		}
+		if res.Verify.Problem != "" {
+			fmt.Fprintf(&b, "- %s VERIFY FAILED: %s\n", res.Name, res.Verify.Problem)
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func rate(v float64) string {
+	switch {
+	case v >= 1e6:
+		return fmt.Sprintf("%.2fM", v/1e6)
+	case v >= 1e3:
+		return fmt.Sprintf("%.1fk", v/1e3)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func count(v int64) string { return rate(float64(v)) }
+
+func ratioStr(v float64) string {
+	switch {
+	case v == 0:
+		return "–"
+	case v >= 10:
+		return fmt.Sprintf("%.0f×", v)
+	case v >= 0.1:
+		return fmt.Sprintf("%.2f×", v)
+	case v >= 0.001:
+		return fmt.Sprintf("%.4f×", v)
+	}
+	return fmt.Sprintf("1/%.0f", 1/v)
+}
+
+// lat prints a latency with three significant digits.
+func lat(d time.Duration) string {
+	switch {
+	case d < time.Microsecond:
+		return fmt.Sprintf("%dns", d.Nanoseconds())
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.3gµs", float64(d)/1e3)
+	case d < time.Second:
+		return fmt.Sprintf("%.3gms", float64(d)/1e6)
+	}
+	return fmt.Sprintf("%.3gs", d.Seconds())
+}
+
+func per1M(v float64) string {
+	switch {
+	case v == 0:
+		return "0"
+	case v < 10:
+		return fmt.Sprintf("%.2f", v)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func checked(v Verify) string {
+	if v.Checked == v.Minted {
+		return fmt.Sprintf("%s (all)", count(v.Checked))
+	}
+	return fmt.Sprintf("%s of %s", count(v.Checked), count(v.Minted))
+}

@@ -1,0 +1,86 @@
+// Package machine describes the host a measurement ran on, so every table
+// compare and bench print says what produced it (a figure without its
+// machine is not reproducible).
+package machine
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Info is the part of the host that explains a throughput figure.
+type Info struct {
+	CPUModel   string `json:"cpu_model"`
+	NumCPU     int    `json:"num_cpu"`
+	GOMAXPROCS int    `json:"gomaxprocs"`
+	GOOS       string `json:"goos"`
+	GOARCH     string `json:"goarch"`
+	GoVersion  string `json:"go_version"`
+	// LoadAvg is /proc/loadavg's 1-minute figure when Current was called:
+	// above NumCPU means other work competed for the CPUs.
+	LoadAvg string `json:"load_avg_1m"`
+}
+
+// Current reads the host's Info. The CPU model comes from /proc/cpuinfo
+// ("unknown" where that file does not exist).
+func Current() Info {
+	return Info{
+		CPUModel:   cpuModel(),
+		NumCPU:     runtime.NumCPU(),
+		GOMAXPROCS: runtime.GOMAXPROCS(0),
+		GOOS:       runtime.GOOS,
+		GOARCH:     runtime.GOARCH,
+		GoVersion:  runtime.Version(),
+		LoadAvg:    loadAvg(),
+	}
+}
+
+// String is a one-line description for a report header.
+func (i Info) String() string {
+	return fmt.Sprintf("%s, %d CPU (GOMAXPROCS %d), %s/%s, %s, load average %s at start",
+		i.CPUModel, i.NumCPU, i.GOMAXPROCS, i.GOOS, i.GOARCH, i.GoVersion, i.LoadAvg)
+}
+
+func cpuModel() string {
+	f, err := os.Open("/proc/cpuinfo")
+	if err != nil {
+		return "unknown"
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown"
+}
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return "unknown"
+	}
+	return f[0]
+}
+
+// CPUTime is the CPU time (user + system) this process has used so far.
+// Differences of two readings over a wall-clock interval give the cores
+// used; 0 where getrusage is not available.
+func CPUTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
