@@ -101,7 +101,9 @@ type Config struct {
 	// stall). Default 30 s; negative keeps the buffers warm forever.
 	IdleTimeout time.Duration
 
-	// RPCTimeout bounds each call to the service (default 1 s).
+	// RPCTimeout bounds each call to the service (default 1 s); Acquire
+	// gets five times as long, because an abandoned Acquire may still take
+	// a code in the service until its TTL ends.
 	RPCTimeout time.Duration
 	// SafetyMargin is subtracted from the TTL the service grants: the local
 	// safety deadline is (monotonic time the successful renewal was sent) +

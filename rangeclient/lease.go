@@ -18,6 +18,9 @@ import (
 // and expiry.
 const killedDeadline = math.MinInt64
 
+// acquireTimeoutFactor: Acquire may take this many RPCTimeouts.
+const acquireTimeoutFactor = 5
+
 // leaseState is one worker-code lease as the client holds it. The hot path
 // reads deadline only; everything else belongs to the lease loop.
 type leaseState struct {
@@ -105,8 +108,13 @@ func (l *leaseState) extend(dl, now int64) bool {
 }
 
 // acquire takes a new lease with one call to the service and checks it.
+//
+// The call gets acquireTimeoutFactor RPC timeouts: an Acquire that times
+// out on the client may still have succeeded in the service, and such a
+// lease holds a code until its TTL ends, so a loaded service (many clients
+// starting at once) is better waited for than abandoned.
 func (c *Client) acquire(ctx context.Context) (*leaseState, error) {
-	rctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
+	rctx, cancel := context.WithTimeout(ctx, acquireTimeoutFactor*c.cfg.RPCTimeout)
 	defer cancel()
 	sent := c.now()
 	sl, err := c.alloc.Acquire(rctx, c.cfg.Region, c.cfg.Owner)

@@ -173,8 +173,29 @@ func (s *Service) Revoke(worker int) {
 
 // Conn returns a new connection to the service for one client.
 func (s *Service) Conn() *Conn {
-	c := &Conn{s: s, changed: make(chan struct{})}
+	c := Wrap(serviceAllocator{s})
+	c.s = s
 	return c
+}
+
+// Wrap puts a Conn's fault injection and call counting in front of any
+// allocator, for example the gRPC adapter to a real in-process region.
+func Wrap(a segment.Allocator) *Conn {
+	return &Conn{backend: a, changed: make(chan struct{})}
+}
+
+// serviceAllocator is the Service as a segment.Allocator (no faults).
+type serviceAllocator struct{ s *Service }
+
+func (a serviceAllocator) Acquire(_ context.Context, region int, owner string) (segment.Lease, error) {
+	return a.s.acquire(region, owner)
+}
+func (a serviceAllocator) Renew(_ context.Context, l segment.Lease) (segment.Lease, error) {
+	return a.s.renew(l)
+}
+func (a serviceAllocator) Release(_ context.Context, l segment.Lease) error { return a.s.release(l) }
+func (a serviceAllocator) Allocate(_ context.Context, l segment.Lease, n int) (segment.Block, error) {
+	return a.s.allocate(l, n)
 }
 
 func (s *Service) acquire(region int, owner string) (segment.Lease, error) {
@@ -313,10 +334,12 @@ const (
 	HoldReplies
 )
 
-// Conn is one client's connection to a Service: a segment.Allocator that
-// counts calls and injects faults. Safe for concurrent use.
+// Conn is one client's connection to a Service (or, made by Wrap, to any
+// allocator): a segment.Allocator that counts calls and injects faults.
+// Safe for concurrent use.
 type Conn struct {
-	s *Service
+	s       *Service // nil for Wrap
+	backend segment.Allocator
 
 	mu      sync.Mutex
 	fault   Fault
@@ -365,7 +388,8 @@ func (c *Conn) TotalCalls() int64 {
 	return n
 }
 
-// Service returns the service behind the connection.
+// Service returns the in-memory service behind the connection (nil for a
+// Conn made by Wrap).
 func (c *Conn) Service() *Service { return c.s }
 
 func (c *Conn) state() (Fault, time.Duration, <-chan struct{}, func(context.Context, Method) error) {
@@ -374,8 +398,9 @@ func (c *Conn) state() (Fault, time.Duration, <-chan struct{}, func(context.Cont
 	return c.fault, c.delay, c.changed, c.hook
 }
 
-// do runs one call through the fault injection.
-func (c *Conn) do(ctx context.Context, m Method, call func() error) error {
+// do runs one call through the fault injection; call gets the context to
+// pass on.
+func (c *Conn) do(ctx context.Context, m Method, call func(context.Context) error) error {
 	c.calls[m].Add(1)
 	f, delay, changed, hook := c.state()
 	if hook != nil {
@@ -405,7 +430,9 @@ func (c *Conn) do(ctx context.Context, m Method, call func() error) error {
 				return errors.Wrapf(segment.ErrUnavailable, "%v: %v", m, ctx.Err())
 			}
 		case HoldReplies:
-			err := call()
+			// The request goes out with a context that outlives the
+			// caller's deadline (the paused caller's timers do not run).
+			err := call(context.WithoutCancel(ctx))
 			for f == HoldReplies {
 				<-changed
 				f, _, changed, _ = c.state()
@@ -415,30 +442,30 @@ func (c *Conn) do(ctx context.Context, m Method, call func() error) error {
 		if err := ctx.Err(); err != nil {
 			return errors.Wrapf(segment.ErrUnavailable, "%v: %v", m, err)
 		}
-		return call()
+		return call(ctx)
 	}
 }
 
 // Acquire implements segment.Allocator.
 func (c *Conn) Acquire(ctx context.Context, region int, owner string) (l segment.Lease, err error) {
-	err = c.do(ctx, Acquire, func() (err error) { l, err = c.s.acquire(region, owner); return err })
+	err = c.do(ctx, Acquire, func(ctx context.Context) (err error) { l, err = c.backend.Acquire(ctx, region, owner); return err })
 	return l, err
 }
 
 // Renew implements segment.Allocator.
 func (c *Conn) Renew(ctx context.Context, l segment.Lease) (out segment.Lease, err error) {
-	err = c.do(ctx, Renew, func() (err error) { out, err = c.s.renew(l); return err })
+	err = c.do(ctx, Renew, func(ctx context.Context) (err error) { out, err = c.backend.Renew(ctx, l); return err })
 	return out, err
 }
 
 // Release implements segment.Allocator.
 func (c *Conn) Release(ctx context.Context, l segment.Lease) error {
-	return c.do(ctx, Release, func() error { return c.s.release(l) })
+	return c.do(ctx, Release, func(ctx context.Context) error { return c.backend.Release(ctx, l) })
 }
 
 // Allocate implements segment.Allocator.
 func (c *Conn) Allocate(ctx context.Context, l segment.Lease, n int) (b segment.Block, err error) {
-	err = c.do(ctx, Allocate, func() (err error) { b, err = c.s.allocate(l, n); return err })
+	err = c.do(ctx, Allocate, func(ctx context.Context) (err error) { b, err = c.backend.Allocate(ctx, l, n); return err })
 	return b, err
 }
 

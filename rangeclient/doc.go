@@ -1,0 +1,126 @@
+// Package rangeclient is idrange's Go client: it mints 64-bit IDs from
+// blocks of (timestamp, sequence) space that the regional range service
+// grants to a fenced worker code, so the hot path never crosses the
+// network.
+//
+// Two lines are all a program needs:
+//
+//	c, err := rangeclient.New(ctx, rangeclient.Config{Targets: []string{"rangesvc:7400"}, Region: 1})
+//	id, err := c.Next(ctx)
+//
+// # How it works
+//
+// The client leases a worker code (region, worker) from the service and
+// renews the lease in the background. For its code the service grants
+// blocks [Lo, Hi) of the linear space L = ms<<12 | seq, committing the
+// code's high-water mark Hi to etcd before replying, so blocks of one code
+// never overlap whoever holds the code and whatever any clock says.
+//
+// Inside a block the cursor follows the service's time:
+//
+//	cursor = max(cursor+1, t<<12),  t = block's service time + local monotonic time since the reply
+//
+// so IDs carry fresh timestamps at low rates and are dense at high rates; a
+// block is finished when the cursor reaches Hi or t passes the millisecond
+// of Hi-1 (the rest of it is a gap). Next is one monotonic clock reading and
+// one compare-and-swap on the current block: no lock, no allocation, no
+// network call. Only the refill path locks or calls the service.
+//
+// The client holds two blocks: the current one and the next, which the
+// background refill loop requests before the current one runs out. At
+// steady state Next therefore never waits ("stalls" counts the calls that
+// did). When both are used up, Next waits for the refill until its context
+// ends and then returns ErrUnavailable (retryable); it never mints outside
+// a granted block.
+//
+// # Block sizing
+//
+// Because the cursor follows time, a block of n units lives about n/4096 ms
+// whatever the rate (below 4,096 IDs/ms): block size is a time span, not a
+// count of IDs. The policy, per request:
+//
+//	n = FixedBlock                                           if the operator pinned it
+//	n = clamp(max(RefillInterval_ms*4096, rate*RefillInterval), MinBlock, MaxBlock)   otherwise
+//
+// With the default RefillInterval of 1 s that is 4,096,000 units: one refill
+// per second per client whatever its rate, so a slow client does not hold a
+// long stretch of timestamp space (its IDs stay within ~1 s of the service's
+// time and a restart wastes at most ~2 s of its code's space), and a burst of
+// 3,000 IDs/ms fits without waiting, since 3,000 < 4,096 per millisecond.
+// The rate (an EWMA of IDs/s over RefillInterval) matters when the client
+// mints faster than 4,096 IDs/ms: the cursor then runs ahead of time and a
+// span-sized block would last less than RefillInterval, so the block grows
+// to rate*RefillInterval and still lasts about RefillInterval.
+//
+// The next block is requested when the current one's time left (until its
+// validity ends, or until its units run out at the observed rate, whichever
+// is sooner) drops below
+//
+//	max(PrefetchThreshold * expected life of the block, 4 * observed refill latency)
+//
+// so a slow service or a fast client starts the prefetch earlier. The hot
+// path helps with an ID-count form of the same threshold: when its cursor
+// crosses it, it wakes the refill loop once per block.
+//
+// An idle client does not prefetch forever: when no ID was minted for
+// IdleTimeout (default 30 s) it stops refreshing blocks (the lease is still
+// renewed, so it keeps its code), and the next Next waits for one refill, a
+// counted stall.
+//
+// # More than 4,096 IDs per millisecond
+//
+// One code holds 4,096 IDs per millisecond. A client that wants more runs
+// ahead of time (its IDs carry future timestamps) until the service's
+// bounded lead (default 15 s) refuses further grants with backpressure
+// (*segment.Backpressure with RetryAfter) or shrinks them. The client then
+// waits, retrying after RetryAfter; Next and NextN wait within their context
+// and return ErrUnavailable if it ends first. Sustained demand above the
+// capacity of one code needs more clients (codes), not a bigger block.
+//
+// # Failing closed
+//
+// The client keeps a local safety deadline on the monotonic clock: the time
+// the last successful renewal (or the acquisition) was sent plus the granted
+// TTL minus SafetyMargin. Counting from the send, not from the reply, means
+// a reply delayed by a pause or a slow network can never stretch the
+// deadline past the moment the service itself may let the lease expire.
+// Past the deadline Next fails at once with ErrLeaseLost, without any
+// network call, and a renewal reply that arrives later does not revive the
+// lease. A reply from the service saying the lease is fenced or gone
+// (segment.ErrFenced, segment.ErrLeaseLost) stops minting at once too
+// (ErrFenced), even with full buffers. In both cases the client drops its
+// blocks, acquires a fresh lease (possibly another code) in the background
+// and resumes by itself; no restart is needed, and the new lease's blocks
+// start above the code's high-water mark, so nothing is reissued.
+//
+// Uniqueness does not depend on the deadline alone: blocks of one code are
+// disjoint by the high-water mark even if a stale owner kept minting from
+// blocks it holds (a VM paused with its monotonic clock stopped cannot see
+// that time passed). The deadline is the second line, and the one SPEC
+// requires: stop without a network call once the lease may be gone.
+//
+// The local clock (Config.Clock) is used only for elapsed times, never for
+// the timestamps themselves, so a wall-clock step on the client cannot move
+// IDs. A clock that steps backwards anyway (only injected clocks can) is
+// detected by the refill loop and compensated, and the cursor never moves
+// back in any case.
+//
+// # Errors
+//
+// ErrLeaseLost, ErrFenced and ErrUnavailable are retryable (IsRetryable):
+// the client recovers in the background. ErrClosed, ErrEpochExhausted and
+// ErrInvalidConfig are final. Errors from the service keep their segment
+// sentinels in the chain (errors.Is(err, segment.ErrFenced) works).
+//
+// # Metrics
+//
+// With Config.Registerer set the client exports, in namespace idrange and
+// subsystem client: ids_minted_total, refills_total, refill_errors_total,
+// refill_latency_seconds, buffer_depth_ids, buffer_seconds, stalls_total,
+// backpressure_total, lease_acquisitions_total, lease_renewals_total,
+// lease_renewal_failures_total, safety_deadline_expiries_total,
+// fenced_total, clock_rollbacks_total, lease_safe_seconds, serving,
+// rate_ids_per_second and lease_info. They are read from atomic counters
+// at scrape time; the number of IDs minted is derived from the blocks'
+// cursors, so counting costs the hot path nothing.
+package rangeclient
