@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -157,7 +159,7 @@ func (s *suite) checkOutage(res result, k, q int64, f *figures) {
 	s.t.Helper()
 	ran := 0
 	for i, h := range res.hists {
-		if h.MintedBetween(k, q) > 0 {
+		if h.MintedWithin(k, q) > 0 {
 			ran++
 		} else if h.CouldMintAt(k, 500*time.Millisecond) {
 			s.t.Errorf("%s held a lease and a block valid past the fault but handed out nothing: it should run on its buffers inside its safe interval", h.Name)
@@ -484,6 +486,12 @@ func TestClientClockMovesBack(t *testing.T) {
 // TestReplicaEtcdPartition: cut one replica off etcd (its proxies drop
 // every byte, connections stay open: a partition), then the other one too,
 // so the lease service is isolated; then heal both.
+//
+// With one replica cut off the region should keep serving through the
+// other, but clients can be starved meanwhile (rangeclient's round robin
+// lines their refills up on the cut-off replica, see
+// TestOneReplicaCutOffStarvesNoClient), so progress during that phase is
+// reported as a figure, not required; safety is checked throughout.
 func TestReplicaEtcdPartition(t *testing.T) {
 	s := newSuite(t, options{refill: 200 * time.Millisecond})
 	s.waitMinting(s.mono0, 2000, time.Minute)
@@ -493,7 +501,6 @@ func TestReplicaEtcdPartition(t *testing.T) {
 	k1 := s.fault("blackhole %s <-> etcd", r0.name)
 	r0.eachProxy((*faultproxy.Proxy).Blackhole)
 	s.hold(3 * time.Second)
-	s.waitMinting(k1, 1000, time.Minute)
 	k := s.fault("blackhole %s <-> etcd too: the lease service is isolated", r1.name)
 	r1.eachProxy((*faultproxy.Proxy).Blackhole)
 	s.waitAllFailClosed(time.Minute)
@@ -507,7 +514,86 @@ func TestReplicaEtcdPartition(t *testing.T) {
 	res := s.finish()
 	f := s.figures(res)
 	s.checkOutage(res, k, q, &f)
-	f.notes += fmt.Sprintf("longest stall with one replica cut off %v", maxStall(res.hists, k1+int64(time.Second), k).Round(time.Millisecond))
+	starved := 0
+	for _, h := range res.hists {
+		if h.MintedWithin(k1+int64(time.Second), k) == 0 {
+			starved++
+		}
+	}
+	f.notes += fmt.Sprintf("with one replica cut off: longest client stall %v, %d/%d clients starved throughout",
+		maxStall(res.hists, k1+int64(time.Second), k).Round(time.Millisecond), starved, len(res.hists))
+	s.publish(f)
+}
+
+// calls lists up to n of h's service calls sent in [a, b), for diagnosis.
+func (s *suite) calls(h *history.History, a, b int64, n int) string {
+	type call struct {
+		send int64
+		text string
+	}
+	var cs []call
+	add := func(send, ret int64, format string, args ...any) {
+		if send >= a && send < b {
+			cs = append(cs, call{send, fmt.Sprintf("  sent %v took %v: ", s.since(send), time.Duration(ret-send).Round(time.Millisecond)) + fmt.Sprintf(format, args...)})
+		}
+	}
+	for _, r := range h.Renewals {
+		add(r.Send, r.Ret, "renew ok")
+	}
+	for _, bl := range h.Blocks {
+		add(bl.Send, bl.Ret, "allocate ok [%d,%d)", bl.Lo, bl.Hi)
+	}
+	for _, x := range h.Failed {
+		add(x.Send, x.Ret, "%s failed: %s", x.Method, x.Reason)
+	}
+	sort.Slice(cs, func(i, j int) bool { return cs[i].send < cs[j].send })
+	var out []string
+	for i, c := range cs {
+		if i == n {
+			out = append(out, fmt.Sprintf("  ... %d more", len(cs)-n))
+			break
+		}
+		out = append(out, c.text)
+	}
+	return strings.Join(out, "\n")
+}
+
+// TestOneReplicaCutOffStarvesNoClient: with one of two replicas cut off
+// from etcd for several seconds, every client must keep minting through
+// the other one.
+//
+// KNOWN FAILURE (rangeclient, reported), phase-dependent: the client
+// round-robins every RPC over both replicas without health checking and
+// retries a failed refill on whatever replica comes next; its renewals and
+// refills alternate at the same period, so all refills of a client can land
+// on the cut-off replica (each times out after RPCTimeout) while all its
+// renewals succeed on the healthy one: the lease stays alive and the client
+// mints nothing for as long as the partition lasts (seen: 30 s+). The cut-off
+// replica reports NOT_SERVING on gRPC health; a client honouring it (or
+// failing a refill over to another replica) would not starve. Runs with
+// IDRANGE_FAULTS_KNOWN_BUGS=1.
+func TestOneReplicaCutOffStarvesNoClient(t *testing.T) {
+	if os.Getenv("IDRANGE_FAULTS_KNOWN_BUGS") != "1" {
+		t.Skip("known rangeclient bug: a client can be starved by one replica cut off from etcd; set IDRANGE_FAULTS_KNOWN_BUGS=1 to run")
+	}
+	s := newSuite(t, options{minters: 5, refill: 200 * time.Millisecond})
+	s.waitMinting(s.mono0, 2000, time.Minute)
+	k := s.fault("blackhole %s <-> etcd", s.replicas[0].name)
+	s.replicas[0].eachProxy((*faultproxy.Proxy).Blackhole)
+	s.hold(8 * time.Second)
+	q := s.mark("heal")
+	s.replicas[0].eachProxy((*faultproxy.Proxy).Heal)
+	s.waitMinting(q, 1000, time.Minute)
+
+	res := s.finish()
+	for _, h := range res.hists {
+		if n := h.MintedWithin(k+int64(2*time.Second), q); n == 0 {
+			t.Errorf("%s minted nothing from 2 s after the cut until the heal (%v) although the other replica served; its calls:\n%s",
+				h.Name, time.Duration(q-k-int64(2*time.Second)).Round(time.Millisecond), s.calls(h, k, q, 12))
+		}
+	}
+	f := s.figures(res)
+	f.notes += fmt.Sprintf("longest client stall during the cut %v", maxStall(res.hists, k, q).Round(time.Millisecond))
 	s.publish(f)
 }
 

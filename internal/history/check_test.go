@@ -120,6 +120,12 @@ func TestCheckCleanRun(t *testing.T) {
 	if !reflect.DeepEqual(rep, want) {
 		t.Fatalf("report\n got %s\nwant %s", rep.Summary(), want.Summary())
 	}
+	if n := f.p1.MintedWithin(sec, 5*sec+5); n != 3 { // the 5 s call returns at 5 s + 10 ns
+		t.Fatalf("MintedWithin = %d, want 3", n)
+	}
+	if n := f.p1.MintedBetween(sec, 5*sec+5); n != 5 {
+		t.Fatalf("MintedBetween = %d, want 5", n)
+	}
 	if f.p1.IDs() != 5 || f.p2.IDs() != 3 || len(f.p1.Failures) != 1 || len(f.p2.Releases) != 1 {
 		t.Fatalf("parsed p1 ids=%d failures=%d, p2 ids=%d releases=%d", f.p1.IDs(), len(f.p1.Failures), f.p2.IDs(), len(f.p2.Releases))
 	}

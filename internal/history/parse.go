@@ -148,6 +148,18 @@ func (h *History) MintedBetween(a, b int64) int64 {
 	return n
 }
 
+// MintedWithin counts IDs of calls that started at or after a and returned
+// before b.
+func (h *History) MintedWithin(a, b int64) int64 {
+	var n int64
+	for _, m := range h.Mints {
+		if m.T0 >= a && m.T1 < b {
+			n += int64(len(m.IDs))
+		}
+	}
+	return n
+}
+
 // ReadFile parses a complete history file. A last line without its newline
 // (the writer died mid-line) is an error: check only histories of processes
 // that exited.
