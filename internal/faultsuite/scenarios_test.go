@@ -805,3 +805,37 @@ func TestClientClockBackNearDeadline(t *testing.T) {
 	}
 	s.publish(f)
 }
+
+// TestSlowEtcdShortBlocksStillMint: clients configured with 100 ms blocks
+// while etcd is 100 ms slower each way must still mint.
+//
+// KNOWN FAILURE (rangeclient, reported): a block is valid for its span
+// measured from the request's send, and the client sizes blocks by rate
+// only, never by refill latency; once a refill takes longer than
+// RefillInterval every block arrives already expired and the client mints
+// nothing at all (seen: 0 IDs for 60 s) although every grant succeeds. Runs
+// with IDRANGE_FAULTS_KNOWN_BUGS=1.
+func TestSlowEtcdShortBlocksStillMint(t *testing.T) {
+	if os.Getenv("IDRANGE_FAULTS_KNOWN_BUGS") != "1" {
+		t.Skip("known rangeclient bug: blocks shorter than the refill latency are never usable; set IDRANGE_FAULTS_KNOWN_BUGS=1 to run")
+	}
+	s := newSuite(t, options{refill: 100 * time.Millisecond})
+	s.waitMinting(s.mono0, 2000, time.Minute)
+	k := s.fault("etcd 100 ms slower each way, clients use 100 ms blocks")
+	for _, r := range s.replicas {
+		r.eachProxy(func(p *faultproxy.Proxy) { p.SetDelay(100 * time.Millisecond) })
+	}
+	s.hold(6 * time.Second)
+	q := s.mark("latency removed")
+	for _, r := range s.replicas {
+		r.eachProxy(func(p *faultproxy.Proxy) { p.SetDelay(0) })
+	}
+	s.waitMinting(q, 1000, time.Minute)
+	res := s.finish()
+	for _, h := range res.hists {
+		if h.MintedWithin(k+int64(time.Second), q) == 0 {
+			t.Errorf("%s minted nothing while etcd was 100 ms slower; its calls:\n%s", h.Name, s.calls(h, k+int64(time.Second), q, 8))
+		}
+	}
+	s.publish(s.figures(res))
+}
