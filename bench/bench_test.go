@@ -166,6 +166,29 @@ func TestForeignCodeFailsTheRun(t *testing.T) {
 	}
 }
 
+// An ID of another region in a worker's stream (a valid code of the fleet,
+// but not the client's region) fails the run.
+func TestWrongRegionFailsTheRun(t *testing.T) {
+	env := sharedEnv(t)
+	cfg := smallConfig()
+	cfg.Duration = 300 * time.Millisecond
+	cfg.NoBurst = true
+	var once sync.Once
+	cfg.Sink = func(region, _ int, ids []snowflake.ID) []snowflake.ID {
+		if region == 1 {
+			once.Do(func() { ids = append(ids, snowflake.FromLinear(ids[0].Linear(), 0, 7)) })
+		}
+		return ids
+	}
+	rep, err := RunOn(context.Background(), env, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.Err(); !errors.Is(err, idcheck.ErrOutOfRange) || rep.Verify.OutOfRange != 1 {
+		t.Fatalf("Err = %v, out of range %d; want ErrOutOfRange, 1", err, rep.Verify.OutOfRange)
+	}
+}
+
 // A two-point sweep writes a table, an SVG and JSON.
 func TestSweepWritesChart(t *testing.T) {
 	if testing.Short() {

@@ -39,7 +39,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		reached = "**target NOT reached on this machine**"
 	}
 	el := time.Duration(r.Elapsed).Seconds()
-	row("achieved rate (paced)", "%s IDs/s (%.1f%% of %s; %s)", si(r.AchievedRate), 100*r.AchievedRate/f.TargetRate, si(f.TargetRate), reached)
+	row("achieved rate (paced IDs returned within the window / window)", "%s IDs/s (%.1f%% of %s; %s)", si(r.AchievedRate), 100*r.AchievedRate/f.TargetRate, si(f.TargetRate), reached)
 	row("schedule kept", "%.2f%% of the %.0f IDs owed by the end; the last worker finished %v after the end",
 		100*r.ScheduleKept, f.TargetRate*time.Duration(f.Duration).Seconds(), (time.Duration(r.Elapsed) - time.Duration(f.Duration)).Round(time.Millisecond))
 	row("IDs minted", "%d in %v (%d of them in bursts; %s IDs/s in all)", r.IDs, time.Duration(r.Elapsed).Round(time.Millisecond), r.BurstIDs, si(r.TotalRate))
@@ -57,6 +57,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		r.EtcdWrites, r.EtcdWritesPerSec, r.Store.Grants, r.Store.Acquires, r.Store.Releases, r.Store.Conflicts)
 	row("lease renewals (keep-alives, not writes)", "%d", r.Store.Renewals)
 	row("failed Next calls", "%d%s", r.Errors, firstErr(r.FirstError))
+	row("leases replaced (lost, then re-acquired)", "%d", r.LeaseChanges)
 	row("setup (leases + first blocks)", "%v, %d client start(s) retried", time.Duration(r.SetupTime).Round(time.Millisecond), r.SetupRetries)
 	v := r.Verify
 	status := "PASS"
@@ -64,7 +65,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		status = "**FAIL**: " + v.Problem
 	}
 	if len(v.MissingCodes) > 0 {
-		row("workers that minted nothing", "%d (starved: their store calls did not complete in time)", len(v.MissingCodes))
+		row("workers whose first code minted nothing", "%d (starved before their first ID, or lost the lease first)", len(v.MissingCodes))
 	}
 	row("verification (every ID)", "%s: %d checked, %d unique, %d duplicates, %d out of range, %d codes minted, in %v",
 		status, v.Checked, v.Unique, v.Duplicates, v.OutOfRange, v.Codes, time.Duration(r.VerifyTime).Round(time.Millisecond))
