@@ -33,13 +33,10 @@
 //	TestServiceClockJumps                   service clock back 2 s, forward 10 s, back to true time
 //	TestClientClockMovesBack                client clocks back/forward, then the lease service isolated
 //	TestClientClockBackNearDeadline         client clock back 2 s just before its deadline, service isolated
-//	                                        (known rangeclient bug: skipped unless IDRANGE_FAULTS_KNOWN_BUGS=1)
 //	TestReplicaEtcdPartition                blackhole one replica's etcd traffic, then both, then heal
 //	TestOneReplicaCutOffStarvesNoClient     one replica cut off: every client keeps minting
-//	                                        (known rangeclient bug: skipped unless IDRANGE_FAULTS_KNOWN_BUGS=1)
 //	TestSlowEtcd                            +100 ms then +600 ms each way to etcd, then back
 //	TestSlowEtcdShortBlocksStillMint        +100 ms with 100 ms blocks: clients still mint
-//	                                        (known rangeclient bug: skipped unless IDRANGE_FAULTS_KNOWN_BUGS=1)
 //	TestCorruptEtcdValuesStopTheCode        corrupt HWM and lease record: the code stops, never resets
 //
 // plus fuzz tests of bad input (fuzz_test.go).
@@ -49,7 +46,6 @@
 //	go test ./internal/faultsuite/                                   # short suite
 //	IDRANGE_FAULT_REPORT=/tmp/faults.md go test -count=1 -v ./internal/faultsuite/   # + figures table
 //	go test -tags soak -timeout 60m -count=1 -v ./internal/faultsuite/             # soak: 8x longer holds, 2x rate
-//	IDRANGE_FAULTS_KNOWN_BUGS=1 go test -count=1 -v -run 'NearDeadline|Starves|ShortBlocks' ./internal/faultsuite/  # known failures
 //
 // Every scenario logs a FIGURES line (IDs checked, faults injected, how long
 // clients ran on their buffers, time to fail closed, time to recover,

@@ -3,7 +3,6 @@ package faultsuite
 import (
 	"context"
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -487,11 +486,9 @@ func TestClientClockMovesBack(t *testing.T) {
 // every byte, connections stay open: a partition), then the other one too,
 // so the lease service is isolated; then heal both.
 //
-// With one replica cut off the region should keep serving through the
-// other, but clients can be starved meanwhile (rangeclient's round robin
-// lines their refills up on the cut-off replica, see
-// TestOneReplicaCutOffStarvesNoClient), so progress during that phase is
-// reported as a figure, not required; safety is checked throughout.
+// Progress while only one replica is cut off is required by
+// TestOneReplicaCutOffStarvesNoClient; here it is reported as a figure
+// (stall, starved clients) and safety is checked throughout.
 func TestReplicaEtcdPartition(t *testing.T) {
 	s := newSuite(t, options{refill: 200 * time.Millisecond})
 	s.waitMinting(s.mono0, 2000, time.Minute)
@@ -562,20 +559,12 @@ func (s *suite) calls(h *history.History, a, b int64, n int) string {
 // from etcd for several seconds, every client must keep minting through
 // the other one.
 //
-// KNOWN FAILURE (rangeclient, reported), phase-dependent: the client
-// round-robins every RPC over both replicas without health checking and
-// retries a failed refill on whatever replica comes next; its renewals and
-// refills alternate at the same period, so all refills of a client can land
-// on the cut-off replica (each times out after RPCTimeout) while all its
-// renewals succeed on the healthy one: the lease stays alive and the client
-// mints nothing for as long as the partition lasts (seen: 30 s+). The cut-off
-// replica reports NOT_SERVING on gRPC health; a client honouring it (or
-// failing a refill over to another replica) would not starve. Runs with
-// IDRANGE_FAULTS_KNOWN_BUGS=1.
+// It found rangeclient starving clients: every RPC round-robined over both
+// replicas with no health checking, renewals and refills alternating at the
+// same period, so all refills of a client landed on the cut-off replica
+// (timing out) while all its renewals succeeded on the healthy one: the
+// lease stayed alive and the client minted nothing while the cut lasted.
 func TestOneReplicaCutOffStarvesNoClient(t *testing.T) {
-	if os.Getenv("IDRANGE_FAULTS_KNOWN_BUGS") != "1" {
-		t.Skip("known rangeclient bug: a client can be starved by one replica cut off from etcd; set IDRANGE_FAULTS_KNOWN_BUGS=1 to run")
-	}
 	s := newSuite(t, options{minters: 5, refill: 200 * time.Millisecond})
 	s.waitMinting(s.mono0, 2000, time.Minute)
 	k := s.fault("blackhole %s <-> etcd", s.replicas[0].name)
@@ -602,9 +591,8 @@ func TestOneReplicaCutOffStarvesNoClient(t *testing.T) {
 // timeout, so grants time out after committing: burned, never used), then
 // fast again.
 func TestSlowEtcd(t *testing.T) {
-	// Default 1 s blocks: a block is only valid for its span measured from
-	// the request's send, so a span shorter than the slowed refill round
-	// trip could never be used (see the report).
+	// Default 1 s blocks; short blocks under latency are
+	// TestSlowEtcdShortBlocksStillMint.
 	s := newSuite(t, options{})
 	s.waitMinting(s.mono0, 2000, time.Minute)
 	s.hold(time.Second)
@@ -760,18 +748,10 @@ func deadlineBound(h *history.History) int64 {
 // past the deadline; the checker measures the deadline on the host's
 // monotonic clock.
 //
-// KNOWN FAILURE (rangeclient, reported): the client compensates a backward
-// clock only in its refill loop (sample), which sits in a hanging Allocate
-// for up to RPCTimeout while the service is isolated, so the hot path and
-// the lease loop read the uncompensated clock: on this machine the client
-// handed out IDs up to ~0.8 s past its safety deadline (margin 1 s). It runs
-// with IDRANGE_FAULTS_KNOWN_BUGS=1 until rangeclient makes its now()
-// monotonic (e.g. max(last, reading) kept atomically).
+// It found rangeclient compensating a backward clock only in its refill
+// loop, which sits in a hanging Allocate while the service is isolated: the
+// client handed out IDs up to ~0.9 s past its deadline (margin 1 s).
 func TestClientClockBackNearDeadline(t *testing.T) {
-	if os.Getenv("IDRANGE_FAULTS_KNOWN_BUGS") != "1" {
-		t.Skip("known rangeclient bug: a client clock rollback just before the safety deadline lets it mint past the deadline " +
-			"(~0.8 s here); set IDRANGE_FAULTS_KNOWN_BUGS=1 to run")
-	}
 	s := newSuite(t, options{clientFaults: true, minters: 2})
 	s.waitMinting(s.mono0, 2000, time.Minute)
 	m := s.minters[1]
@@ -809,16 +789,11 @@ func TestClientClockBackNearDeadline(t *testing.T) {
 // TestSlowEtcdShortBlocksStillMint: clients configured with 100 ms blocks
 // while etcd is 100 ms slower each way must still mint.
 //
-// KNOWN FAILURE (rangeclient, reported): a block is valid for its span
-// measured from the request's send, and the client sizes blocks by rate
-// only, never by refill latency; once a refill takes longer than
-// RefillInterval every block arrives already expired and the client mints
-// nothing at all (seen: 0 IDs for 60 s) although every grant succeeds. Runs
-// with IDRANGE_FAULTS_KNOWN_BUGS=1.
+// It found rangeclient sizing blocks by rate only: a block is valid for its
+// span measured from the request's send, so once a refill took longer than
+// RefillInterval every block arrived expired and the client minted nothing
+// although every grant succeeded.
 func TestSlowEtcdShortBlocksStillMint(t *testing.T) {
-	if os.Getenv("IDRANGE_FAULTS_KNOWN_BUGS") != "1" {
-		t.Skip("known rangeclient bug: blocks shorter than the refill latency are never usable; set IDRANGE_FAULTS_KNOWN_BUGS=1 to run")
-	}
 	s := newSuite(t, options{refill: 100 * time.Millisecond})
 	s.waitMinting(s.mono0, 2000, time.Minute)
 	k := s.fault("etcd 100 ms slower each way, clients use 100 ms blocks")
