@@ -21,7 +21,7 @@ import (
 type Client struct {
 	cfg   Config
 	alloc segment.Allocator
-	conn  *grpc.ClientConn // nil with Config.Allocator
+	conns []*grpc.ClientConn // none with Config.Allocator
 	log   *slog.Logger
 
 	// Local time: nanoseconds since origin on the injected clock, plus a
@@ -30,6 +30,7 @@ type Client struct {
 	clk      clock.Clock
 	origin   time.Time
 	skew     atomic.Int64
+	rorigin  time.Time // Go's monotonic clock, for the second safety deadline
 
 	cur   atomic.Pointer[block] // block minted from
 	next  atomic.Pointer[block] // prefetched block, promoted when cur ends
@@ -95,17 +96,17 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	default:
 		c.origin = cfg.Clock.Now()
 	}
+	c.rorigin = time.Now()
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	if cfg.Allocator != nil {
 		c.alloc = cfg.Allocator
 	} else {
-		conn, err := dial(cfg)
+		alloc, conns, err := dial(cfg, c.log)
 		if err != nil {
 			c.cancel()
 			return nil, errors.Wrapf(err, "rangeclient: dial %v", cfg.Targets)
 		}
-		c.conn = conn
-		c.alloc = wire.NewAllocator(conn)
+		c.alloc, c.conns = alloc, conns
 	}
 	c.pol.init(c, c.now())
 	if cfg.Registerer != nil {
@@ -138,8 +139,8 @@ func (c *Client) abort() {
 	if c.metrics != nil {
 		c.cfg.Registerer.Unregister(c.metrics)
 	}
-	if c.conn != nil {
-		c.conn.Close()
+	for _, conn := range c.conns {
+		conn.Close()
 	}
 }
 
@@ -204,6 +205,22 @@ func (c *Client) now() int64 {
 	return int64(c.clk.Now().Sub(c.origin)) + c.skew.Load()
 }
 
+// rnow is Go's monotonic clock in ns since the client started: the same as
+// now with the default clock.
+func (c *Client) rnow() int64 {
+	if c.sysClock {
+		return c.now()
+	}
+	return int64(time.Since(c.rorigin))
+}
+
+// fresh reports whether b may mint at now: its lease's deadlines (the
+// second one only with an injected clock) and its own validity.
+func (c *Client) fresh(b *block, now int64) bool {
+	return now < b.lease.deadline.Load() && now < b.validLocal &&
+		(c.sysClock || c.rnow() < b.lease.rdeadline.Load())
+}
+
 // Next returns a new ID. At steady state it is one clock reading and one
 // compare-and-swap on the current block, with no lock, no allocation and
 // no network call.
@@ -218,7 +235,7 @@ func (c *Client) now() int64 {
 func (c *Client) Next(ctx context.Context) (snowflake.ID, error) {
 	if b := c.cur.Load(); b != nil {
 		now := c.now()
-		if now < b.lease.deadline.Load() && now < b.validLocal {
+		if c.fresh(b, now) {
 			if l, ok := b.take1(now); ok {
 				if l >= b.kickAt {
 					c.prefetch(b)
@@ -267,7 +284,7 @@ func (c *Client) AppendN(ctx context.Context, dst []snowflake.ID, n int) ([]snow
 func (c *Client) reserve(ctx context.Context, n int64) (*block, int64, int64, error) {
 	if b := c.cur.Load(); b != nil {
 		now := c.now()
-		if now < b.lease.deadline.Load() && now < b.validLocal {
+		if c.fresh(b, now) {
 			if f, k, ok := b.take(now, n); ok {
 				if f+k > b.kickAt {
 					c.prefetch(b)
@@ -458,8 +475,8 @@ func (c *Client) close() error {
 	if c.metrics != nil {
 		c.cfg.Registerer.Unregister(c.metrics)
 	}
-	if c.conn != nil {
-		if err := c.conn.Close(); err != nil {
+	for _, conn := range c.conns {
+		if err := conn.Close(); err != nil {
 			errs = errors.CombineErrors(errs, errors.Wrap(err, "rangeclient: close connection"))
 		}
 	}

@@ -56,10 +56,13 @@ const maxWireCount = math.MaxUint32
 // required; every other field has a documented default for its zero value.
 type Config struct {
 	// Targets are the gRPC addresses ("host:port") of the region's rangesvc
-	// replicas. The client balances calls over the reachable ones (gRPC
-	// round_robin), fails over when one is down and reconnects with
-	// exponential backoff (BackoffBase..BackoffMax). A single entry with a
-	// scheme ("dns:///rangesvc.internal:7400") is passed to gRPC as is.
+	// replicas, one connection each. The client sends every call to one
+	// replica (picked at random, which spreads a fleet) and moves to the
+	// next when a call finds it unavailable or slow, retrying the call
+	// there at once; connections reconnect with exponential backoff
+	// (BackoffBase..BackoffMax). A single entry with a scheme
+	// ("dns:///rangesvc.internal:7400") is one gRPC connection balancing
+	// round_robin over what the name resolves to.
 	Targets []string
 	// DialOptions are appended to the client's own gRPC options (insecure
 	// transport credentials, the resolver, backoff). Put TLS credentials
@@ -127,11 +130,12 @@ type Config struct {
 	// Logger receives lease and refill events; nil discards them.
 	Logger *slog.Logger
 	// Clock is the local time source. Only differences of its readings are
-	// used (elapsed time since a block arrived, the safety deadline), so it
-	// must be monotonic; the default (time.Now, whose readings carry Go's
-	// monotonic clock) is. Tests inject offsets or synctest's fake time. A
-	// reading that goes backwards is detected by the background loop and
-	// compensated, and cannot move the cursor backwards in any case.
+	// used (elapsed time since a block arrived, the safety deadline); the
+	// default is Go's monotonic clock. Tests inject offsets, or use
+	// synctest's fake time with the default. An injected clock can only
+	// shorten the safety interval: the deadline is also kept on Go's
+	// monotonic clock. A reading that goes backwards is compensated, and
+	// cannot move the cursor backwards in any case.
 	Clock clock.Clock
 }
 

@@ -1,19 +1,25 @@
 package rangeclient
 
 import (
+	"context"
+	"log/slog"
+	"math/rand/v2"
 	"strings"
+	"sync/atomic"
+	"time"
 
+	"github.com/cockroachdb/errors"
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/resolver"
-	"google.golang.org/grpc/resolver/manual"
+
+	"github.com/idrange/idrange/internal/wire"
+	"github.com/idrange/idrange/segment"
 )
 
-// dial opens one gRPC connection over all of cfg.Targets: a static resolver
-// lists them, round_robin spreads calls over the ready ones and skips the
-// ones that are down, and gRPC reconnects each with exponential backoff.
-func dial(cfg Config) (*grpc.ClientConn, error) {
+// dialOptions are the client's gRPC options: insecure transport (override
+// with Config.DialOptions), reconnects with exponential backoff.
+func dialOptions(cfg Config) []grpc.DialOption {
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithConnectParams(grpc.ConnectParams{
@@ -24,19 +30,121 @@ func dial(cfg Config) (*grpc.ClientConn, error) {
 				MaxDelay:   cfg.BackoffMax,
 			},
 		}),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
 	}
-	target := cfg.Targets[0]
-	if !strings.Contains(target, "://") {
-		r := manual.NewBuilderWithScheme("idrange-static")
-		addrs := make([]resolver.Address, len(cfg.Targets))
-		for i, t := range cfg.Targets {
-			addrs[i] = resolver.Address{Addr: t}
+	return append(opts, cfg.DialOptions...)
+}
+
+// dial connects to cfg.Targets. One target with a scheme ("dns:///...")
+// is one connection balancing over what it resolves to (round_robin).
+// host:port targets get one connection each, behind a replicaSet that
+// fails over between them.
+func dial(cfg Config, log *slog.Logger) (segment.Allocator, []*grpc.ClientConn, error) {
+	if t := cfg.Targets[0]; strings.Contains(t, "://") {
+		conn, err := grpc.NewClient(t, append(dialOptions(cfg),
+			grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))...)
+		if err != nil {
+			return nil, nil, err
 		}
-		r.InitialState(resolver.State{Addresses: addrs})
-		opts = append(opts, grpc.WithResolvers(r))
-		target = r.Scheme() + ":///rangesvc"
+		return wire.NewAllocator(conn), []*grpc.ClientConn{conn}, nil
 	}
-	opts = append(opts, cfg.DialOptions...)
-	return grpc.NewClient(target, opts...)
+	rs := &replicaSet{log: log}
+	var conns []*grpc.ClientConn
+	for _, t := range cfg.Targets {
+		conn, err := grpc.NewClient(t, dialOptions(cfg)...)
+		if err != nil {
+			for _, c := range conns {
+				c.Close()
+			}
+			return nil, nil, errors.Wrapf(err, "target %q", t)
+		}
+		conns = append(conns, conn)
+		rs.targets = append(rs.targets, t)
+		rs.allocs = append(rs.allocs, wire.NewAllocator(conn))
+	}
+	rs.cur.Store(int64(rand.IntN(len(rs.allocs)))) // spread a fleet over the replicas
+	if len(rs.allocs) == 1 {
+		return rs.allocs[0], conns, nil
+	}
+	return rs, conns, nil
+}
+
+// replicaSet is a segment.Allocator over several replicas of one region.
+// Every call goes to the current replica, so the lease loop and the refill
+// loop share one view of which replica works (round-robin per call could
+// phase-lock one loop onto a broken replica while the other keeps the lease
+// alive on a good one). A failure that points at the replica (unavailable,
+// timed out) moves the client to the next replica, and the call is retried
+// there while its context allows: each attempt but the last gets half of
+// the time left, so a hanging replica leaves room for a healthy one.
+//
+// Retrying a grant or an acquisition on another replica is safe: if the
+// first attempt did commit, its block or lease is never used (a gap, or a
+// code held until its TTL), never handed out twice.
+type replicaSet struct {
+	targets []string
+	allocs  []segment.Allocator
+	cur     atomic.Int64
+	log     *slog.Logger
+}
+
+// replicaFault reports errors that say "this replica did not answer", as
+// opposed to answers from the region's state (fenced, backpressure, no free
+// code, invalid) that any replica would give.
+func replicaFault(err error) bool {
+	return errors.Is(err, segment.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, wire.ErrProtocol)
+}
+
+func (r *replicaSet) do(ctx context.Context, f func(context.Context, segment.Allocator) error) error {
+	n := len(r.allocs)
+	start := int(r.cur.Load())
+	var err error
+	for i := range n {
+		idx := (start + i) % n
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if dl, ok := ctx.Deadline(); ok && i < n-1 {
+			actx, cancel = context.WithTimeout(ctx, time.Until(dl)/2)
+		}
+		err = f(actx, r.allocs[idx])
+		cancel()
+		if err == nil || !replicaFault(err) {
+			return err
+		}
+		next := (idx + 1) % n
+		if r.cur.CompareAndSwap(int64(idx), int64(next)) {
+			r.log.Warn("rangeclient: replica failed; switching", "from", r.targets[idx], "to", r.targets[next], "err", err)
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return err
+}
+
+func (r *replicaSet) Acquire(ctx context.Context, region int, owner string) (l segment.Lease, err error) {
+	err = r.do(ctx, func(ctx context.Context, a segment.Allocator) (err error) {
+		l, err = a.Acquire(ctx, region, owner)
+		return err
+	})
+	return l, err
+}
+
+func (r *replicaSet) Renew(ctx context.Context, in segment.Lease) (l segment.Lease, err error) {
+	err = r.do(ctx, func(ctx context.Context, a segment.Allocator) (err error) {
+		l, err = a.Renew(ctx, in)
+		return err
+	})
+	return l, err
+}
+
+func (r *replicaSet) Release(ctx context.Context, l segment.Lease) error {
+	return r.do(ctx, func(ctx context.Context, a segment.Allocator) error { return a.Release(ctx, l) })
+}
+
+func (r *replicaSet) Allocate(ctx context.Context, l segment.Lease, n int) (b segment.Block, err error) {
+	err = r.do(ctx, func(ctx context.Context, a segment.Allocator) (err error) {
+		b, err = a.Allocate(ctx, l, n)
+		return err
+	})
+	return b, err
 }

@@ -101,9 +101,20 @@
 //
 // The local clock (Config.Clock) is used only for elapsed times, never for
 // the timestamps themselves, so a wall-clock step on the client cannot move
-// IDs. A clock that steps backwards anyway (only injected clocks can) is
-// detected by the refill loop and compensated, and the cursor never moves
-// back in any case.
+// IDs. An injected clock that steps backwards cannot move the cursor back
+// (it only ever grows), and cannot extend the safety deadline either: that
+// deadline is kept on Go's monotonic clock too, and the earlier of the two
+// applies. The refill loop also detects the step and compensates it.
+//
+// # Replicas
+//
+// With several Targets the client talks to one replica at a time (picked at
+// random, which spreads a fleet over the replicas) and moves to the next
+// one when a call finds it unavailable or slow, retrying the call there
+// with the time left. The lease loop and the refill loop share that choice,
+// so a replica that still answers renewals but cannot grant blocks (or the
+// reverse) is left for both. Retrying a grant elsewhere is safe: a block
+// whose commit is unknown is simply never used.
 //
 // # Errors
 //

@@ -22,17 +22,23 @@ const killedDeadline = math.MinInt64
 const acquireTimeoutFactor = 5
 
 // leaseState is one worker-code lease as the client holds it. The hot path
-// reads deadline only; everything else belongs to the lease loop.
+// reads the deadlines only; everything else belongs to the lease loop.
 type leaseState struct {
 	seg segment.Lease
 
-	// deadline is the local monotonic safety deadline: the send time of
-	// the last successful renewal (or of the acquisition) + TTL - margin.
-	// It only moves forward, and only while it has not passed; kill sets
-	// it to killedDeadline for good.
-	deadline atomic.Int64
-	// why is the error a killed lease reports; set before deadline is
-	// poisoned.
+	// deadline is the safety deadline on the client's clock (Config.Clock):
+	// the send time of the last successful renewal (or of the acquisition)
+	// + TTL - margin. rdeadline is the same deadline on Go's monotonic clock
+	// (Client.rnow); with the default clock both are the same timeline. An
+	// injected clock that steps back can therefore never extend the safety
+	// interval, only shorten it. Both only move forward, and only while
+	// they have not passed; kill sets both to killedDeadline for good.
+	deadline, rdeadline atomic.Int64
+	// realNow reads Go's monotonic clock; nil when Config.Clock is the
+	// default (then rdeadline == deadline and is not checked twice).
+	realNow func() int64
+	// why is the error a killed lease reports; set before the deadlines
+	// are poisoned.
 	why atomic.Pointer[error]
 	// expired is the error for "past the deadline", built once so that the
 	// failing hot path does not allocate.
@@ -41,33 +47,42 @@ type leaseState struct {
 	once    sync.Once
 
 	period    int64 // renewal period, ns
-	nextRenew int64 // lease loop only
-	acquired  int64 // local instant of acquisition
+	nextRenew int64 // on Go's monotonic clock; lease loop only
 }
 
-func newLeaseState(sl segment.Lease, sent int64, margin, period time.Duration) *leaseState {
+func newLeaseState(sl segment.Lease, sent, rsent int64, margin, period time.Duration, realNow func() int64) *leaseState {
 	l := &leaseState{
 		seg: sl,
 		expired: leaseLostError("code %d/%d (token %d, lease %x): no renewal succeeded within TTL %v - margin %v",
 			sl.Region, sl.Worker, sl.Token, sl.LeaseID, sl.TTL, margin),
+		realNow:   realNow,
 		killed:    make(chan struct{}),
 		period:    int64(period),
-		nextRenew: sent + int64(period),
-		acquired:  sent,
+		nextRenew: rsent + int64(period),
 	}
 	l.deadline.Store(sent + int64(sl.TTL-margin))
+	l.rdeadline.Store(rsent + int64(sl.TTL-margin))
 	return l
 }
 
 // err is nil while the lease may be used at now, else why not.
 func (l *leaseState) err(now int64) error {
-	if now < l.deadline.Load() {
+	if now < l.deadline.Load() && (l.realNow == nil || l.realNow() < l.rdeadline.Load()) {
 		return nil
 	}
 	if p := l.why.Load(); p != nil {
 		return *p
 	}
 	return l.expired
+}
+
+// safeFor is the time left before the earlier of the two deadlines.
+func (l *leaseState) safeFor(now int64) time.Duration {
+	d := l.deadline.Load() - now
+	if l.realNow != nil {
+		d = min(d, l.rdeadline.Load()-l.realNow())
+	}
+	return time.Duration(max(d, 0))
 }
 
 // kill ends the lease with err. Only the first call counts; it reports
@@ -77,6 +92,7 @@ func (l *leaseState) kill(err error) bool {
 	l.once.Do(func() {
 		l.why.Store(&err)
 		l.deadline.Store(killedDeadline)
+		l.rdeadline.Store(killedDeadline)
 		close(l.killed)
 		first = true
 	})
@@ -92,16 +108,25 @@ func (l *leaseState) isKilled() bool {
 	}
 }
 
-// extend moves the deadline to dl if the lease is still usable at now. A
-// renewal that comes back after the deadline passed does not revive the
-// lease: the client has already stopped minting and will take a fresh one.
-func (l *leaseState) extend(dl, now int64) bool {
+// extend moves the deadlines to dl and rdl if the lease is still usable at
+// now. A renewal that comes back after the deadline passed does not revive
+// the lease: the client has already stopped minting and will take a fresh
+// one.
+func (l *leaseState) extend(dl, rdl, now int64) bool {
+	if l.err(now) != nil {
+		return false
+	}
+	return raise(&l.deadline, dl) && raise(&l.rdeadline, rdl)
+}
+
+// raise sets a to v if v is larger, unless a was poisoned.
+func raise(a *atomic.Int64, v int64) bool {
 	for {
-		old := l.deadline.Load()
-		if old == killedDeadline || now >= old {
+		old := a.Load()
+		if old == killedDeadline {
 			return false
 		}
-		if dl <= old || l.deadline.CompareAndSwap(old, dl) {
+		if v <= old || a.CompareAndSwap(old, v) {
 			return true
 		}
 	}
@@ -116,7 +141,7 @@ func (l *leaseState) extend(dl, now int64) bool {
 func (c *Client) acquire(ctx context.Context) (*leaseState, error) {
 	rctx, cancel := context.WithTimeout(ctx, acquireTimeoutFactor*c.cfg.RPCTimeout)
 	defer cancel()
-	sent := c.now()
+	sent, rsent := c.now(), c.rnow()
 	sl, err := c.alloc.Acquire(rctx, c.cfg.Region, c.cfg.Owner)
 	if err != nil {
 		return nil, errors.Wrapf(err, "rangeclient: acquire a worker code in region %d", c.cfg.Region)
@@ -148,7 +173,11 @@ func (c *Client) acquire(ctx context.Context) (*leaseState, error) {
 	c.stats.acquisitions.Add(1)
 	c.log.Info("rangeclient: lease acquired", "region", sl.Region, "worker", sl.Worker, "token", sl.Token,
 		"ttl", sl.TTL, "safe_for", safe, "renew_every", period)
-	return newLeaseState(sl, sent, c.cfg.SafetyMargin, period), nil
+	var realNow func() int64
+	if !c.sysClock {
+		realNow = c.rnow
+	}
+	return newLeaseState(sl, sent, rsent, c.cfg.SafetyMargin, period, realNow), nil
 }
 
 // releaseQuietly gives a lease back, best effort (the TTL ends it anyway).
@@ -185,8 +214,7 @@ func (c *Client) leaseLoop(l *leaseState) {
 	for c.ctx.Err() == nil {
 		if !l.isKilled() {
 			now := c.now()
-			dl := l.deadline.Load()
-			if now >= dl {
+			if l.err(now) != nil {
 				if l.kill(l.expired) {
 					c.stats.expiries.Add(1)
 					c.log.Warn("rangeclient: safety deadline passed without a successful renewal; minting stopped",
@@ -195,8 +223,8 @@ func (c *Client) leaseLoop(l *leaseState) {
 				}
 				continue
 			}
-			if wait := min(l.nextRenew, dl) - now; wait > 0 {
-				if !sleep(time.Duration(wait), l.killed) {
+			if wait := min(time.Duration(l.nextRenew-c.rnow()), l.safeFor(now)); wait > 0 {
+				if !sleep(wait, l.killed) {
 					return
 				}
 				continue
@@ -231,15 +259,16 @@ func (c *Client) leaseLoop(l *leaseState) {
 // renew sends one renewal of l and applies its outcome.
 func (c *Client) renew(l *leaseState, bo *backoff) {
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.RPCTimeout)
-	sent := c.now()
+	sent, rsent := c.now(), c.rnow()
 	rl, err := c.alloc.Renew(ctx, l.seg)
 	cancel()
 	now := c.now()
 	switch {
 	case err == nil && rl.TTL > 0:
-		if l.extend(sent+int64(rl.TTL-c.cfg.SafetyMargin), now) {
+		safe := int64(rl.TTL - c.cfg.SafetyMargin)
+		if l.extend(sent+safe, rsent+safe, now) {
 			c.stats.renewals.Add(1)
-			l.nextRenew = sent + l.period
+			l.nextRenew = rsent + l.period
 			bo.reset()
 			return
 		}
@@ -259,9 +288,9 @@ func (c *Client) renew(l *leaseState, bo *backoff) {
 	default:
 		c.stats.renewalFailures.Add(1)
 		d := bo.next()
-		l.nextRenew = now + int64(d)
+		l.nextRenew = c.rnow() + int64(d)
 		c.log.Warn("rangeclient: lease renewal failed; minting continues until the safety deadline",
-			"worker", l.seg.Worker, "safe_for", time.Duration(l.deadline.Load()-now), "retry_in", d, "err", err)
+			"worker", l.seg.Worker, "safe_for", l.safeFor(now), "retry_in", d, "err", err)
 	}
 }
 

@@ -24,17 +24,21 @@ func TestBlockCountPolicy(t *testing.T) {
 		{8_192_000, 8_192_000}, // dense: 2x capacity -> a block that lasts ~1 s of IDs
 		{1e9, DefaultMaxBlock}, // clamped
 	} {
-		if got := c.blockCount(tc.rate); got != tc.want {
+		if got := c.blockCount(tc.rate, 2*time.Millisecond); got != tc.want {
 			t.Errorf("blockCount(%v/s) = %d, want %d", tc.rate, got, tc.want)
 		}
 	}
+	// A slow service: the span covers four round trips.
+	if got := c.blockCount(0, 400*time.Millisecond); got != 1600<<12 {
+		t.Errorf("blockCount with 400 ms refills = %d, want 1.6 s of span", got)
+	}
 	c.cfg.RefillInterval = 10 * time.Millisecond
 	c.cfg.MinBlock = 100_000
-	if got := c.blockCount(0); got != 100_000 {
+	if got := c.blockCount(0, 0); got != 100_000 {
 		t.Errorf("MinBlock clamp: %d", got)
 	}
 	c.cfg.FixedBlock = 777
-	if got := c.blockCount(1e9); got != 777 {
+	if got := c.blockCount(1e9, time.Second); got != 777 {
 		t.Errorf("FixedBlock: %d", got)
 	}
 }
@@ -163,6 +167,35 @@ func TestBackpressureWaits(t *testing.T) {
 				t.Fatalf("ID %v ahead of the service clock", ahead)
 			}
 		}
+	})
+}
+
+// Blocks shorter than a refill round trip would be over on arrival; the
+// client grows their span to cover the observed latency and keeps minting.
+func TestSlowServiceGrowsShortBlocks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc := fakeService(30 * time.Second)
+		conn := svc.Conn()
+		c := newTestClient(t, conn, func(cfg *Config) { cfg.RefillInterval = 100 * time.Millisecond })
+		conn.SetDelay(300 * time.Millisecond) // grants now take 3x a block's span
+		minted := 0
+		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+			if _, err := c.Next(ctx); err == nil {
+				minted++
+			}
+			cancel()
+		}
+		s := c.Stats()
+		// After the first slow refills the span covers the latency and the
+		// prefetch starts early enough: most milliseconds get their ID.
+		if minted < 8000 {
+			t.Fatalf("minted %d IDs in 10 s with a 300 ms service (%+v)", minted, s)
+		}
+		if s.NextBlock < 4*300<<12 {
+			t.Fatalf("next block %d units, want >= 4 round trips of span", s.NextBlock)
+		}
+		t.Logf("minted %d, %+v", minted, s)
 	})
 }
 

@@ -42,20 +42,25 @@ func (p *policy) init(c *Client, now int64) {
 	p.lastNow, p.lastSample = now, now
 	p.lastActive.Store(now)
 	p.maxSleep = min(max(c.cfg.RefillInterval/4, time.Millisecond), maxPlanSleep)
-	p.count.Store(int64(c.blockCount(0)))
+	p.count.Store(int64(c.blockCount(0, 0)))
 }
 
 func (p *policy) ratePerSec() float64 { return math.Float64frombits(p.rate.Load()) }
 
 // blockCount is the size the next request asks for, given the observed rate
-// in IDs/s. See the package doc for the reasoning.
+// in IDs/s and refill latency. See the package doc for the reasoning.
 //
-//	FixedBlock if set, else clamp(max(RefillInterval_ms*4096, rate*RefillInterval), MinBlock, MaxBlock)
-func (c *Client) blockCount(rate float64) int {
+//	span = max(RefillInterval, latencyFactor*latency)
+//	FixedBlock if set, else clamp(max(span_ms*4096, rate*span), MinBlock, MaxBlock)
+//
+// The latency term keeps a block alive for several round trips: a block
+// whose span is shorter than the time its grant takes to arrive would be
+// over on arrival, every time.
+func (c *Client) blockCount(rate float64, latency time.Duration) int {
 	if c.cfg.FixedBlock > 0 {
 		return c.cfg.FixedBlock
 	}
-	span := c.cfg.RefillInterval
+	span := max(c.cfg.RefillInterval, latencyFactor*latency)
 	base := float64(span) / float64(time.Millisecond) * perMsCapacity
 	want := max(base, rate*span.Seconds())
 	want = min(max(want, float64(c.cfg.MinBlock)), float64(c.cfg.MaxBlock))
@@ -88,7 +93,7 @@ func (c *Client) sample() int64 {
 		r += alpha * (inst - r)
 		p.rate.Store(math.Float64bits(r))
 		p.lastSample, p.sampleMinted = now, minted
-		p.count.Store(int64(c.blockCount(r)))
+		p.count.Store(int64(c.blockCount(r, time.Duration(p.latency.Load()))))
 	}
 	return now
 }
@@ -255,6 +260,7 @@ func (c *Client) refillOnce(l *leaseState) error {
 	} else {
 		c.pol.latency.Store(old + (lat-old)/4)
 	}
+	c.pol.count.Store(int64(c.blockCount(c.pol.ratePerSec(), time.Duration(c.pol.latency.Load()))))
 	if c.metrics != nil {
 		c.metrics.refillLatency.Observe(time.Duration(lat).Seconds())
 	}

@@ -63,7 +63,7 @@ func (c *Client) Stats() Stats {
 			until = max(until, b.validLocal-now)
 		}
 	}
-	until = min(until, l.deadline.Load()-now)
+	until = min(until, int64(l.safeFor(now)))
 	if s.Rate > 0 {
 		until = min(until, int64(float64(s.BufferedIDs)/s.Rate*1e9))
 	}
@@ -91,7 +91,7 @@ func (c *Client) Lease() LeaseInfo {
 	now := c.now()
 	info := LeaseInfo{Lease: l.seg, Err: l.err(now)}
 	if info.Err == nil {
-		info.SafeFor = time.Duration(l.deadline.Load() - now)
+		info.SafeFor = l.safeFor(now)
 	}
 	return info
 }
