@@ -109,6 +109,8 @@ type Config struct {
 	// Logger, if set, receives the regions' and (unless Client.Logger is
 	// set) the clients' logs.
 	Logger *slog.Logger
+	// SetupTimeout bounds the start of all clients. Default 2 min.
+	SetupTimeout time.Duration
 	// SetupConcurrency bounds concurrent client start-ups. Default 8.
 	SetupConcurrency int
 	// Progress, if set, receives a line every ProgressEvery (default 1 s).
@@ -141,6 +143,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BurstEvery == 0 {
 		c.BurstEvery = DefaultBurstEvery
+	}
+	if c.SetupTimeout == 0 {
+		c.SetupTimeout = 2 * time.Minute
 	}
 	if c.SetupConcurrency == 0 {
 		c.SetupConcurrency = DefaultSetupConcurrency
@@ -625,7 +630,7 @@ func startClients(ctx context.Context, env *Env, cfg Config) ([]*worker, int64, 
 		mu       sync.Mutex
 		firstErr error
 	)
-	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	sctx, cancel := context.WithTimeout(ctx, cfg.SetupTimeout)
 	defer cancel()
 	for i := range n {
 		reg := env.regions[i/cfg.Workers]

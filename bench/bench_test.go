@@ -220,12 +220,16 @@ func TestSweepWritesChart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(paths) != 3 {
+	if len(paths) != 4 {
 		t.Fatalf("wrote %v", paths)
 	}
 	svg, err := os.ReadFile(filepath.Join(dir, "sweep.svg"))
 	if err != nil || !bytes.Contains(svg, []byte("<svg")) || !bytes.Contains(svg, []byte("etcd writes")) {
 		t.Fatalf("sweep.svg: %v, %d bytes", err, len(svg))
+	}
+	png, err := os.ReadFile(filepath.Join(dir, "sweep.png"))
+	if err != nil || !bytes.HasPrefix(png, []byte("\x89PNG")) {
+		t.Fatalf("sweep.png: %v, %d bytes", err, len(png))
 	}
 	md, _ := os.ReadFile(filepath.Join(dir, "sweep.md"))
 	if !bytes.Contains(md, []byte("| 409600 | 100ms |")) || !bytes.Contains(md, []byte("| 4096000 | 1s |")) {

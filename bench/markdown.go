@@ -77,7 +77,7 @@ func firstErr(s string) string {
 	if s == "" {
 		return ""
 	}
-	return " (first: " + strings.ReplaceAll(s, "|", "/") + ")"
+	return " (first: " + oneLine(s) + ")"
 }
 
 // lat prints a latency with three significant digits.

@@ -14,6 +14,7 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 	"gonum.org/v1/plot/vg/vgsvg"
 
 	"github.com/idrange/idrange/internal/machine"
@@ -21,15 +22,23 @@ import (
 )
 
 // DefaultSweepBlocks are the block sizes (linear units, 4,096 per ms of
-// span) a sweep tries: 1 ms, 10 ms, 100 ms, 1 s (the client's default
-// refill interval) and 10 s (the service's maximum).
-var DefaultSweepBlocks = []int{segment.PerMs, 10 * segment.PerMs, 100 * segment.PerMs, 1000 * segment.PerMs, 10_000 * segment.PerMs}
+// span) a sweep tries: 100 ms, 250 ms, 1 s (the client's default refill
+// interval), 4 s and 10 s (the service's maximum). With the
+// time-following cursor a block lasts its span whatever the rate, so each
+// client refills 1/span times a second and the fleet writes clients/span
+// times a second to etcd: at 800 clients, spans below 100 ms ask for tens
+// of thousands of writes per second and the fleet cannot even start on a
+// small machine (pass smaller ones with --sweep-blocks to see it).
+var DefaultSweepBlocks = []int{100 * segment.PerMs, 250 * segment.PerMs, 1000 * segment.PerMs, 4000 * segment.PerMs, 10_000 * segment.PerMs}
 
 // SweepPoint is one block size's run.
 type SweepPoint struct {
 	Block  int     `json:"block"`   // FixedBlock, linear units
 	SpanMs float64 `json:"span_ms"` // Block / 4,096: how long one block lasts
-	Report *Report `json:"report"`
+	Report *Report `json:"report,omitempty"`
+	// Error is set when the point could not run (typically: the fleet
+	// could not start because the store was overloaded).
+	Error string `json:"error,omitempty"`
 }
 
 // SweepReport is the outcome of a Sweep.
@@ -42,6 +51,9 @@ type SweepReport struct {
 // Err is the first point's failure, if any.
 func (s *SweepReport) Err() error {
 	for _, p := range s.Points {
+		if p.Report == nil {
+			continue
+		}
 		if err := p.Report.VerifyErr(); err != nil {
 			return errors.Wrapf(err, "sweep block %d", p.Block)
 		}
@@ -81,11 +93,18 @@ func Sweep(ctx context.Context, cfg Config, blocks []int) (*SweepReport, error) 
 		pc := cfg
 		pc.Client.FixedBlock = b
 		fmt.Fprintf(cfg.Progress, "bench: sweep point block=%d (%s of span)\n", b, spanString(b))
+		pt := SweepPoint{Block: b, SpanMs: float64(b) / segment.PerMs}
 		rep, err := RunOn(ctx, env, pc)
 		if err != nil {
-			return sr, errors.Wrapf(err, "sweep block %d", b)
+			if ctx.Err() != nil {
+				return sr, err
+			}
+			pt.Error = err.Error()
+			fmt.Fprintf(cfg.Progress, "bench: sweep point block=%d failed: %v\n", b, err)
+		} else {
+			pt.Report = rep
 		}
-		sr.Points = append(sr.Points, SweepPoint{Block: b, SpanMs: float64(b) / segment.PerMs, Report: rep})
+		sr.Points = append(sr.Points, pt)
 	}
 	return sr, nil
 }
@@ -94,12 +113,21 @@ func spanString(block int) string {
 	return (time.Duration(block) * time.Millisecond / segment.PerMs).String()
 }
 
+func (s *SweepReport) first() *Report {
+	for _, p := range s.Points {
+		if p.Report != nil {
+			return p.Report
+		}
+	}
+	return nil
+}
+
 // WriteMarkdown writes the sweep as a table, one row per block size.
 func (s *SweepReport) WriteMarkdown(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Machine: %s. Sweep started %s.\n\n", s.Machine, s.Started.Format(time.RFC3339))
-	if len(s.Points) > 0 {
-		f := s.Points[0].Report.Fleet
+	if r := s.first(); r != nil {
+		f := r.Fleet
 		fmt.Fprintf(&b, "Fleet per point: %d regions × %d workers, target %s IDs/s, %v each, %s.\n\n",
 			f.Regions, f.Workers, si(f.TargetRate), time.Duration(f.Duration), f.Etcd)
 	}
@@ -107,6 +135,10 @@ func (s *SweepReport) WriteMarkdown(w io.Writer) error {
 	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, p := range s.Points {
 		r := p.Report
+		if r == nil {
+			fmt.Fprintf(&b, "| %d | %s | did not run: %s |||||||||||||\n", p.Block, spanString(p.Block), oneLine(p.Error))
+			continue
+		}
 		fmt.Fprintf(&b, "| %d | %s | %s | %.1f%% | %s | %s | %s | %s | %d | %d | %d | %.0f | %d | %s | %d |\n",
 			p.Block, spanString(p.Block), si(r.AchievedRate), 100*r.AchievedRate/r.Fleet.TargetRate,
 			lat(r.Latency.P50), lat(r.Latency.P99), lat(r.Latency.P999), lat(r.Latency.Max),
@@ -119,8 +151,25 @@ func (s *SweepReport) WriteMarkdown(w io.Writer) error {
 // WriteSVG draws three stacked panels against block size (log scale):
 // achieved throughput, p99.9 latency per ID, and etcd writes per second.
 func (s *SweepReport) WriteSVG(w io.Writer) error {
-	if len(s.Points) == 0 {
-		return errors.New("bench: empty sweep, nothing to chart")
+	return s.draw(w, func(width, height vg.Length) vg.CanvasWriterTo { return vgsvg.New(width, height) })
+}
+
+// WritePNG draws the same chart as WriteSVG as a PNG.
+func (s *SweepReport) WritePNG(w io.Writer) error {
+	return s.draw(w, func(width, height vg.Length) vg.CanvasWriterTo {
+		return vgimg.PngCanvas{Canvas: vgimg.NewWith(vgimg.UseWH(width, height), vgimg.UseDPI(110))}
+	})
+}
+
+func (s *SweepReport) draw(w io.Writer, newCanvas func(width, height vg.Length) vg.CanvasWriterTo) error {
+	var ran []SweepPoint
+	for _, p := range s.Points {
+		if p.Report != nil {
+			ran = append(ran, p)
+		}
+	}
+	if len(ran) == 0 {
+		return errors.New("bench: no sweep point ran, nothing to chart")
 	}
 	type series struct {
 		title, ylabel string
@@ -131,16 +180,29 @@ func (s *SweepReport) WriteSVG(w io.Writer) error {
 		{"p99.9 latency per ID", "µs", func(r *Report) float64 { return float64(r.Latency.P999) / 1e3 }},
 		{"etcd writes", "writes/s", func(r *Report) float64 { return r.EtcdWritesPerSec }},
 	}
+	var ticks plot.ConstantTicks
+	for _, pt := range ran {
+		ticks = append(ticks, plot.Tick{Value: float64(pt.Block), Label: spanString(pt.Block)})
+	}
+	var failed []string
+	for _, pt := range s.Points {
+		if pt.Report == nil {
+			failed = append(failed, spanString(pt.Block))
+		}
+	}
 	plots := make([][]*plot.Plot, len(panels))
 	for i, ps := range panels {
 		p := plot.New()
 		p.Title.Text = ps.title
-		p.X.Label.Text = "block size (linear units; 4,096 = 1 ms of span)"
+		p.X.Label.Text = "block span (block size / 4,096 units per ms)"
+		if i == 0 && len(failed) > 0 {
+			p.Title.Text += " (fleet could not start with spans " + strings.Join(failed, ", ") + ")"
+		}
 		p.Y.Label.Text = ps.ylabel
 		p.X.Scale = plot.LogScale{}
-		p.X.Tick.Marker = plot.LogTicks{Prec: -1}
-		pts := make(plotter.XYs, len(s.Points))
-		for j, pt := range s.Points {
+		p.X.Tick.Marker = ticks
+		pts := make(plotter.XYs, len(ran))
+		for j, pt := range ran {
 			pts[j].X, pts[j].Y = float64(pt.Block), max(ps.y(pt.Report), 0)
 		}
 		line, scatter, err := plotter.NewLinePoints(pts)
@@ -150,7 +212,7 @@ func (s *SweepReport) WriteSVG(w io.Writer) error {
 		p.Add(line, scatter, plotter.NewGrid())
 		p.Y.Min = 0
 		if i == 0 {
-			target := s.Points[0].Report.Fleet.TargetRate
+			target := ran[0].Report.Fleet.TargetRate
 			tl, err := plotter.NewLine(plotter.XYs{{X: pts[0].X, Y: target}, {X: pts[len(pts)-1].X, Y: target}})
 			if err == nil {
 				tl.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
@@ -164,7 +226,7 @@ func (s *SweepReport) WriteSVG(w io.Writer) error {
 		}
 		plots[i] = []*plot.Plot{p}
 	}
-	c := vgsvg.New(7*vg.Inch, 9*vg.Inch)
+	c := newCanvas(7*vg.Inch, 9*vg.Inch)
 	dc := draw.New(c)
 	t := draw.Tiles{Rows: len(panels), Cols: 1, PadX: vg.Millimeter, PadY: 4 * vg.Millimeter,
 		PadTop: vg.Points(4), PadBottom: vg.Points(4), PadLeft: vg.Points(4), PadRight: vg.Points(8)}
@@ -176,7 +238,7 @@ func (s *SweepReport) WriteSVG(w io.Writer) error {
 	return err
 }
 
-// WriteFiles writes sweep.svg, sweep.md and sweep.json into dir (created
+// WriteFiles writes sweep.svg, sweep.png, sweep.md and sweep.json into dir (created
 // if missing) and returns their paths.
 func (s *SweepReport) WriteFiles(dir string) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -186,7 +248,7 @@ func (s *SweepReport) WriteFiles(dir string) ([]string, error) {
 	for _, f := range []struct {
 		name  string
 		write func(io.Writer) error
-	}{{"sweep.svg", s.WriteSVG}, {"sweep.md", s.WriteMarkdown}, {"sweep.json", s.WriteJSON}} {
+	}{{"sweep.svg", s.WriteSVG}, {"sweep.png", s.WritePNG}, {"sweep.md", s.WriteMarkdown}, {"sweep.json", s.WriteJSON}} {
 		p := filepath.Join(dir, f.name)
 		fh, err := os.Create(p)
 		if err != nil {
@@ -202,4 +264,10 @@ func (s *SweepReport) WriteFiles(dir string) ([]string, error) {
 		paths = append(paths, p)
 	}
 	return paths, nil
+}
+
+// oneLine makes an error message fit a Markdown table cell.
+func oneLine(s string) string {
+	s = strings.ReplaceAll(s, "|", "/")
+	return strings.Join(strings.Fields(s), " ")
 }

@@ -53,6 +53,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		sweep         = fs.Bool("sweep", false, "run once per block size (--sweep-blocks) and chart the results")
 		sweepBlocks   = fs.String("sweep-blocks", joinInts(bench.DefaultSweepBlocks), "comma-separated block sizes (linear units) for --sweep")
 		out           = fs.String("out", "", "with --sweep: directory for sweep.svg, sweep.md, sweep.json")
+		setupTimeout  = fs.Duration("setup-timeout", 2*time.Minute, "bound on starting all clients (per point with --sweep)")
 		logLevel      = fs.String("log", "", "log clients and services to stderr at this level (debug, info, warn, error); default off")
 	)
 	if err := parseFlags(fs, args); err != nil {
@@ -85,6 +86,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("--block %d is negative", *fixedBlock)
 	case !(*prefetch > 0 && *prefetch <= 1):
 		return usagef("--prefetch %v not in (0, 1]", *prefetch)
+	case *setupTimeout <= 0:
+		return usagef("--setup-timeout %v must be positive", *setupTimeout)
 	case *rpcTimeout <= 0:
 		return usagef("--rpc-timeout %v must be positive", *rpcTimeout)
 	}
@@ -110,6 +113,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		BurstEvery:    *burstEvery,
 		NoBurst:       *burst == 0,
 		EtcdPerRegion: *etcdPerRegion,
+		SetupTimeout:  *setupTimeout,
 		Progress:      stderr,
 		Client: rangeclient.Config{
 			RefillInterval:    *refill,
