@@ -25,7 +25,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	var b strings.Builder
 	f := r.Fleet
 	fmt.Fprintf(&b, "Machine: %s. Started %s.\n\n", r.Machine, r.Started.Format(time.RFC3339))
-	fmt.Fprintf(&b, "Fleet: %d regions × %d workers = %d rangeclients over loopback gRPC, %s; target %s IDs/s (%.0f per worker, tick %v), %v",
+	fmt.Fprintf(&b, "Fleet: %d region(s) × %d workers = %d rangeclients over loopback gRPC, %s; target %s IDs/s (%.0f per worker, tick %v), %v",
 		f.Regions, f.Workers, f.Regions*f.Workers, f.Etcd, si(f.TargetRate), f.PerWorkerRate, time.Duration(f.Tick), time.Duration(f.Duration))
 	if f.FixedBlock > 0 {
 		fmt.Fprintf(&b, ", fixed block %d units (%s of span)", f.FixedBlock, spanString(f.FixedBlock))

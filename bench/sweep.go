@@ -128,7 +128,7 @@ func (s *SweepReport) WriteMarkdown(w io.Writer) error {
 	fmt.Fprintf(&b, "Machine: %s. Sweep started %s.\n\n", s.Machine, s.Started.Format(time.RFC3339))
 	if r := s.first(); r != nil {
 		f := r.Fleet
-		fmt.Fprintf(&b, "Fleet per point: %d regions × %d workers, target %s IDs/s, %v each, %s.\n\n",
+		fmt.Fprintf(&b, "Fleet per point: %d region(s) × %d workers, target %s IDs/s, %v each, %s.\n\n",
 			f.Regions, f.Workers, si(f.TargetRate), time.Duration(f.Duration), f.Etcd)
 	}
 	b.WriteString("| block (units) | span | achieved IDs/s | % of target | p50 / ID | p99 / ID | p99.9 / ID | max / ID | refills | stalls | calls > 1 ms | etcd writes/s | errors | IDs checked | duplicates |\n")
@@ -201,16 +201,27 @@ func (s *SweepReport) draw(w io.Writer, newCanvas func(width, height vg.Length) 
 		p.Y.Label.Text = ps.ylabel
 		p.X.Scale = plot.LogScale{}
 		p.X.Tick.Marker = ticks
+		logY := i == 1 // latencies span orders of magnitude
 		pts := make(plotter.XYs, len(ran))
 		for j, pt := range ran {
 			pts[j].X, pts[j].Y = float64(pt.Block), max(ps.y(pt.Report), 0)
+			if logY {
+				pts[j].Y = max(pts[j].Y, 0.01) // a log axis cannot show 0
+			}
 		}
 		line, scatter, err := plotter.NewLinePoints(pts)
 		if err != nil {
 			return errors.Wrap(err, "bench: chart")
 		}
 		p.Add(line, scatter, plotter.NewGrid())
-		p.Y.Min = 0
+		if logY {
+			p.Y.Scale = plot.LogScale{}
+			p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+			p.Y.Min /= 2
+			p.Y.Max *= 2
+		} else {
+			p.Y.Min = 0
+		}
 		if i == 0 {
 			target := ran[0].Report.Fleet.TargetRate
 			tl, err := plotter.NewLine(plotter.XYs{{X: pts[0].X, Y: target}, {X: pts[len(pts)-1].X, Y: target}})
@@ -220,7 +231,7 @@ func (s *SweepReport) draw(w io.Writer, newCanvas func(width, height vg.Length) 
 				p.Legend.Add("target", tl)
 				p.Legend.Add("achieved", line)
 				p.Legend.Top = false
-				p.Legend.Left = false
+				p.Legend.Left = true
 				p.Y.Max = max(p.Y.Max, target*1.1)
 			}
 		}
