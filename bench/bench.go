@@ -237,6 +237,9 @@ type Report struct {
 	Store            region.Counts `json:"store"`
 	EtcdWrites       uint64        `json:"etcd_writes"`
 	EtcdWritesPerSec float64       `json:"etcd_writes_per_sec"`
+	// ServerLatency is the services' own time per RPC method during the
+	// run (all regions), store included: where a stall came from.
+	ServerLatency map[string]hdr.Summary `json:"server_latency"`
 	// Errors are failed Next calls (not counting the end of the run).
 	Errors     int64  `json:"errors"`
 	FirstError string `json:"first_error,omitempty"`
@@ -391,6 +394,34 @@ func (e *Env) counts() region.Counts {
 	return c
 }
 
+func (e *Env) rpcLatency() map[string]*hdr.Histogram {
+	out := map[string]*hdr.Histogram{}
+	for _, r := range e.regions {
+		for m, h := range r.RPCLatency() {
+			if out[m] == nil {
+				out[m] = hdr.New()
+			}
+			out[m].Merge(h)
+		}
+	}
+	return out
+}
+
+// rpcLatencySince summarises the RPCs served after the snapshot before:
+// histograms only grow, so the run's own part is the bucket difference.
+func (e *Env) rpcLatencySince(before map[string]*hdr.Histogram) map[string]hdr.Summary {
+	out := map[string]hdr.Summary{}
+	for m, h := range e.rpcLatency() {
+		if b := before[m]; b != nil {
+			h.Subtract(b)
+		}
+		if h.Count() > 0 {
+			out[m] = h.Summary()
+		}
+	}
+	return out
+}
+
 // Run starts a fresh environment, runs the fleet once and tears it down.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
@@ -503,6 +534,7 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 	// The paced run.
 	counts0 := env.counts()
 	stats0 := fleetStats(workers)
+	lat0 := env.rpcLatency()
 	end := begin.Add(cfg.Duration)
 	runCtx, cancel := context.WithDeadline(ctx, end.Add(endGrace))
 	defer cancel()
@@ -529,6 +561,7 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 	<-progressDone
 
 	// Totals.
+	rep.ServerLatency = env.rpcLatencySince(lat0)
 	var lat, late, bh, bd hdr.Histogram
 	for _, w := range workers {
 		rep.IDs += w.minted.Load()

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 	"time"
 )
@@ -56,6 +57,15 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	row("etcd writes", "%d (%.0f/s): %d grants, %d lease acquisitions, %d releases; %d HWM races retried",
 		r.EtcdWrites, r.EtcdWritesPerSec, r.Store.Grants, r.Store.Acquires, r.Store.Releases, r.Store.Conflicts)
 	row("lease renewals (keep-alives, not writes)", "%d", r.Store.Renewals)
+	methods := make([]string, 0, len(r.ServerLatency))
+	for m := range r.ServerLatency {
+		methods = append(methods, m)
+	}
+	sort.Strings(methods)
+	for _, m := range methods {
+		l := r.ServerLatency[m]
+		row("service time of "+m, "%d calls · p50 %s · p99 %s · p99.9 %s · max %s", l.Count, lat(l.P50), lat(l.P99), lat(l.P999), lat(l.Max))
+	}
 	row("failed Next calls", "%d%s", r.Errors, firstErr(r.FirstError))
 	row("leases replaced (lost, then re-acquired)", "%d", r.LeaseChanges)
 	row("setup (leases + first blocks)", "%v, %d client start(s) retried", time.Duration(r.SetupTime).Round(time.Millisecond), r.SetupRetries)

@@ -100,6 +100,26 @@ func (h *Histogram) Merge(o *Histogram) {
 	h.sum += o.sum
 }
 
+// Subtract removes o's observations from h, where o is an earlier copy of
+// h (so every bucket of o is at most h's): the result describes what was
+// recorded after the copy. Min and Max stay h's (they cannot be undone),
+// the mean is adjusted.
+func (h *Histogram) Subtract(o *Histogram) {
+	if o.n == 0 {
+		return
+	}
+	var n uint64
+	for i, c := range o.counts {
+		h.counts[i] -= min(c, h.counts[i])
+		n += h.counts[i]
+	}
+	h.n = n
+	h.sum = max(h.sum-o.sum, 0)
+	if n == 0 {
+		h.min, h.max = 0, 0
+	}
+}
+
 // Reset empties the histogram.
 func (h *Histogram) Reset() { *h = Histogram{} }
 

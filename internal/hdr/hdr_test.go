@@ -80,6 +80,25 @@ func TestMergeAndHugeValues(t *testing.T) {
 	}
 }
 
+func TestSubtractLeavesTheLaterObservations(t *testing.T) {
+	var h Histogram
+	h.RecordN(time.Microsecond, 100)
+	before := New()
+	before.Merge(&h)
+	h.RecordN(time.Second, 10)
+	h.Subtract(before)
+	if h.Count() != 10 || h.Quantile(0.5) < time.Second || h.Quantile(0.5) > time.Second+time.Second/subCount {
+		t.Fatalf("after Subtract: count %d, p50 %v", h.Count(), h.Quantile(0.5))
+	}
+	if m := h.Mean(); m < time.Second*99/100 || m > time.Second*101/100 {
+		t.Fatalf("mean %v", m)
+	}
+	h.Subtract(&h)
+	if h.Count() != 0 || h.Max() != 0 {
+		t.Fatalf("self-subtract left %d", h.Count())
+	}
+}
+
 func BenchmarkRecord(b *testing.B) {
 	var h Histogram
 	d := time.Duration(1)

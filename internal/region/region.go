@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +29,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/idrange/idrange/internal/embedetcd"
+	"github.com/idrange/idrange/internal/hdr"
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
@@ -167,6 +169,9 @@ type Region struct {
 	cancel  context.CancelFunc
 	done    chan struct{}
 
+	latMu sync.Mutex
+	lat   map[string]*hdr.Histogram // server-side latency per RPC method
+
 	mu        sync.Mutex
 	minter    *rangeclient.Client
 	closeOnce sync.Once
@@ -181,7 +186,7 @@ func Start(ctx context.Context, cfg Config) (*Region, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	r := &Region{cfg: cfg, etcd: cfg.Etcd, count: &counter{}, done: make(chan struct{})}
+	r := &Region{cfg: cfg, etcd: cfg.Etcd, count: &counter{}, done: make(chan struct{}), lat: map[string]*hdr.Histogram{}}
 	ok := false
 	defer func() {
 		if !ok {
@@ -222,7 +227,7 @@ func Start(ctx context.Context, cfg Config) (*Region, error) {
 	if err != nil {
 		return nil, errors.Wrap(err, "region: listen")
 	}
-	r.srv = grpc.NewServer()
+	r.srv = grpc.NewServer(grpc.ChainUnaryInterceptor(r.timeRPC))
 	r.svc.Register(r.srv)
 	rctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
@@ -230,6 +235,41 @@ func Start(ctx context.Context, cfg Config) (*Region, error) {
 	go func() { r.svc.Run(rctx); close(r.done) }()
 	ok = true
 	return r, nil
+}
+
+// timeRPC records each RPC's server-side latency (decode to reply, store
+// included) per method.
+func (r *Region) timeRPC(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	start := time.Now()
+	resp, err := handler(ctx, req)
+	d := time.Since(start)
+	m := info.FullMethod
+	if i := strings.LastIndexByte(m, '/'); i >= 0 {
+		m = m[i+1:]
+	}
+	r.latMu.Lock()
+	h := r.lat[m]
+	if h == nil {
+		h = hdr.New()
+		r.lat[m] = h
+	}
+	h.Record(d)
+	r.latMu.Unlock()
+	return resp, err
+}
+
+// RPCLatency returns a copy of the server-side latency histogram of each
+// RPC method served so far ("AllocateBlock", "RenewLease", ...).
+func (r *Region) RPCLatency() map[string]*hdr.Histogram {
+	r.latMu.Lock()
+	defer r.latMu.Unlock()
+	out := make(map[string]*hdr.Histogram, len(r.lat))
+	for m, h := range r.lat {
+		c := hdr.New()
+		c.Merge(h)
+		out[m] = c
+	}
+	return out
 }
 
 // RegionID is the region code.
