@@ -65,6 +65,11 @@ func TestNextNAndAppendN(t *testing.T) {
 			t.Fatalf("AppendN: %d IDs, %v", len(buf), err)
 		}
 		all := append(ids, buf...)
+		// Single Next calls in a frozen millisecond run through blocks by
+		// count, not by time.
+		for range 25_000 {
+			all = append(all, mustNext(t, c))
+		}
 		for i := 1; i < len(all); i++ {
 			if all[i] <= all[i-1] {
 				t.Fatalf("not increasing at %d", i)

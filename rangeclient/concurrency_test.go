@@ -3,7 +3,9 @@ package rangeclient
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idrange/idrange/rangeclient/rangeclienttest"
@@ -79,4 +81,92 @@ func TestConcurrentCallersUniqueAndIncreasing(t *testing.T) {
 		t.Errorf("only %d refills: the run did not cross a block boundary", s.Refills)
 	}
 	t.Logf("%d IDs over %d blocks, %d stalls", len(all), s.Refills, s.Stalls)
+}
+
+// Many callers wake at the same instant at every millisecond (synctest's
+// clock), so they race on the cursor's jump to the new millisecond: still
+// no ID twice, and each caller's IDs increase.
+func TestConcurrentCallersAtMillisecondBoundaries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc := fakeService(10 * time.Second)
+		c := newTestClient(t, svc.Conn(), nil)
+		const goroutines, rounds = 16, 500
+		out := make([][]snowflake.ID, goroutines)
+		var wg sync.WaitGroup
+		for g := range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range rounds {
+					time.Sleep(time.Millisecond)
+					id, err := c.Next(context.Background())
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					out[g] = append(out[g], id)
+				}
+			}()
+		}
+		wg.Wait()
+		var all []snowflake.ID
+		for g, ids := range out {
+			for i := 1; i < len(ids); i++ {
+				if ids[i] <= ids[i-1] {
+					t.Fatalf("goroutine %d: not increasing at %d", g, i)
+				}
+			}
+			all = append(all, ids...)
+		}
+		checkUnique(t, all)
+		checkInGrants(t, svc, all)
+		if got := c.Stats().Minted; got != goroutines*rounds {
+			t.Fatalf("Stats.Minted = %d, want %d", got, goroutines*rounds)
+		}
+	})
+}
+
+// jumpClock advances 1 ms per reading: every Next is a jump of the cursor
+// to a new millisecond, the path where callers race on the gap count.
+type jumpClock struct {
+	base time.Time
+	n    atomic.Int64
+}
+
+func (c *jumpClock) Now() time.Time { return c.base.Add(time.Duration(c.n.Add(1)) * time.Millisecond) }
+
+// Callers racing on jumps (every call starts a new millisecond): no ID
+// twice, and the minted count stays exact.
+func TestConcurrentCallersRacingOnJumps(t *testing.T) {
+	svc := rangeclienttest.New(rangeclienttest.Options{Region: 1, TTL: time.Hour, MaxLead: time.Hour})
+	c := newTestClient(t, svc.Conn(), func(cfg *Config) { cfg.Clock = &jumpClock{base: time.Now()} })
+	const goroutines, per = 32, 2000
+	out := make([][]snowflake.ID, goroutines)
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			for range per {
+				id, err := c.Next(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				out[g] = append(out[g], id)
+			}
+		}()
+	}
+	wg.Wait()
+	var all []snowflake.ID
+	for _, ids := range out {
+		all = append(all, ids...)
+	}
+	checkUnique(t, all)
+	checkInGrants(t, svc, all)
+	if got := c.Stats().Minted; got != int64(len(all)) {
+		t.Fatalf("Stats.Minted = %d, minted %d", got, len(all))
+	}
 }

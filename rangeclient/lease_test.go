@@ -178,9 +178,11 @@ func TestFencedReplyStopsMintingAtOnce(t *testing.T) {
 				// comes within 3 s, a grant within a block's life).
 				var minted int
 				for end := time.Now().Add(10 * time.Second); a.Lease().Err == nil && time.Now().Before(end); {
-					if _, err := a.Next(context.Background()); err == nil {
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+					if _, err := a.Next(ctx); err == nil {
 						minted++
 					}
+					cancel()
 					time.Sleep(time.Millisecond)
 				}
 				li := a.Lease()
@@ -228,4 +230,62 @@ func TestFencedReplyStopsMintingAtOnce(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A renewal whose reply arrives after the safety deadline must not give the
+// lease more than (its send time + TTL - margin): here the service accepts
+// a renewal that the network delayed past the client's deadline, and no
+// later renewal gets through. No ID may be minted under the old lease past
+// that send-based bound (a client that counted from the reply would mint
+// for another 2 s).
+func TestLateRenewalReplyDoesNotStretchTheDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc := fakeService(3 * time.Second)
+		conn := svc.Conn()
+		c := newTestClient(t, conn, func(cfg *Config) {
+			shortLease(cfg)
+			cfg.RefillInterval = 10 * time.Second // blocks outlive the test: only the lease stops minting
+			cfg.RPCTimeout = 5 * time.Second      // the delayed renewal is not abandoned by the client
+		})
+		old := c.Lease().Lease
+		var firstSent time.Time
+		renewals := 0
+		conn.SetHook(func(ctx context.Context, m rangeclienttest.Method) error {
+			if m != rangeclienttest.Renew {
+				return nil
+			}
+			renewals++
+			if renewals == 1 {
+				firstSent = time.Now()
+				time.Sleep(1500 * time.Millisecond) // reaches the service late, while its lease still lives
+				return nil
+			}
+			<-ctx.Done() // later renewals are lost
+			return errors.Wrap(segment.ErrUnavailable, "test: renewal lost")
+		})
+		type minted struct {
+			id snowflake.ID
+			at time.Time
+		}
+		var got []minted
+		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+			if id, err := c.Next(context.Background()); err == nil {
+				got = append(got, minted{id, time.Now()})
+			}
+		}
+		if firstSent.IsZero() {
+			t.Fatal("no renewal was sent")
+		}
+		bound := firstSent.Add(3*time.Second - time.Second) // send + TTL - margin
+		idx := rangeclienttest.Index(svc.Grants())
+		for _, m := range got {
+			g, ok := idx.Find(m.id)
+			if !ok {
+				t.Fatalf("ID %d outside every grant", m.id)
+			}
+			if g.Token == old.Token && !m.at.Before(bound) {
+				t.Fatalf("minted under the old lease %v after send+TTL-margin", m.at.Sub(bound))
+			}
+		}
+	})
 }

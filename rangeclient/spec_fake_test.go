@@ -127,7 +127,8 @@ func TestSpecCase4PausedOwnerIsFenced(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		svc := fakeService(3 * time.Second)
 		connA := svc.Conn()
-		a := newTestClient(t, connA, shortLease)
+		// 10 s blocks outlive the pause: only the lease stops A.
+		a := newTestClient(t, connA, func(cfg *Config) { shortLease(cfg); cfg.RefillInterval = 10 * time.Second })
 		leaseA := a.Lease().Lease
 		var idsA []snowflake.ID
 		for range 500 {
