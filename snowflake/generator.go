@@ -7,17 +7,14 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+
+	"github.com/idrange/idrange/internal/clock"
 )
 
-// Clock is the generator's time source. time.Now (the default) is right in
-// production; tests inject offsets to simulate rollbacks and jumps.
-type Clock interface {
-	Now() time.Time
-}
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
+// Clock is the generator's time source: anything with Now() time.Time.
+// time.Now (the default) is right in production; tests inject offsets to
+// simulate rollbacks and jumps.
+type Clock = clock.Clock
 
 // Defaults for Config fields left zero.
 const (
@@ -76,7 +73,7 @@ type Config struct {
 
 func (c *Config) setDefaults() {
 	if c.Clock == nil {
-		c.Clock = systemClock{}
+		c.Clock = clock.System{}
 	}
 	if c.Window == 0 {
 		c.Window = DefaultWindow
@@ -294,24 +291,10 @@ func (g *Generator) waitFor(ctx context.Context, ms int64, kind error) error {
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
 		return errors.Wrapf(kind, "would wait %v, context deadline is in %v", d, time.Until(dl))
 	}
-	if err := sleep(ctx, d); err != nil {
+	if err := clock.Sleep(ctx, d); err != nil {
 		return errors.Wrapf(kind, "waiting %v: %v", d, err)
 	}
 	return nil
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 func (g *Generator) noteRollback(back time.Duration) {

@@ -322,9 +322,12 @@ func (s *Service) refreshFreeCodes(ctx context.Context) {
 // observe reads the service clock, raises the highest time seen and records
 // how far the clock is behind it. It returns the reading.
 func (s *Service) observe() time.Time {
+	// Read the clock under the lock: a reading taken before it could be
+	// overtaken by a concurrent, later one and show a rollback that never
+	// happened.
+	s.mu.Lock()
 	now := s.cfg.Clock.Now()
 	ns := now.UnixNano() // wall time: a stepped clock must show as a rollback
-	s.mu.Lock()
 	if ns > s.maxSeen {
 		s.maxSeen = ns
 	}
