@@ -42,10 +42,12 @@ import (
 
 	"github.com/cockroachdb/errors"
 
+	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/hdr"
 	"github.com/idrange/idrange/internal/idcheck"
 	"github.com/idrange/idrange/internal/machine"
 	"github.com/idrange/idrange/internal/region"
+	"github.com/idrange/idrange/internal/report"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -285,18 +287,8 @@ type VerifySummary struct {
 	Problem            string              `json:"problem,omitempty"`
 }
 
-// Dur is a time.Duration that marshals as a string ("1.5s").
-type Dur time.Duration
-
-// MarshalText writes time.Duration's format.
-func (d Dur) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
-
-// UnmarshalText parses time.Duration's format.
-func (d *Dur) UnmarshalText(b []byte) error {
-	v, err := time.ParseDuration(string(b))
-	*d = Dur(v)
-	return err
-}
+// Dur is a time.Duration that marshals as text ("1.5s"); see report.Dur.
+type Dur = report.Dur
 
 // Err is nil when every ID verified and no call failed; otherwise it wraps
 // ErrVerify (with idcheck's sentinel) or describes the failed calls.
@@ -318,7 +310,7 @@ func (r *Report) VerifyErr() error {
 	return errors.Mark(r.verifyErr, ErrVerify)
 }
 
-// Fleet is a running set of regions, reusable across runs (the sweep).
+// Env is a running set of regions, reusable across runs (the sweep).
 type Env struct {
 	etcds   []*region.Etcd
 	regions []*region.Region
@@ -609,9 +601,11 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 	vstart := time.Now()
 	res := checker.Check()
 	rep.VerifyTime = Dur(time.Since(vstart))
+	// MissingCodes are the workers' first codes that minted nothing, not
+	// idcheck's (every code of the fleet's regions is allowed, few are used).
 	rep.Verify = VerifySummary{
 		Checked: res.Checked, Unique: res.Unique, Duplicates: res.Duplicates, DuplicateExamples: res.DuplicateExamples,
-		OutOfRange: res.OutOfRange, OutOfRangeExamples: res.OutOfRangeExamples, Codes: len(res.Codes), MissingCodes: res.MissingCodes,
+		OutOfRange: res.OutOfRange, OutOfRangeExamples: res.OutOfRangeExamples, Codes: len(res.Codes),
 	}
 	var codesHeld uint64
 	for _, w := range workers {
@@ -622,8 +616,6 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 		codesHeld += w.c.Stats().Acquisitions
 	}
 	rep.LeaseChanges = codesHeld - uint64(len(workers))
-	rep.Verify.Codes = 0
-	rep.Verify.MissingCodes = nil
 	seen := map[int]bool{}
 	for _, cc := range res.Codes {
 		seen[cc.Region<<snowflake.WorkerBits|cc.Worker] = true
@@ -633,7 +625,6 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 			rep.Verify.MissingCodes = append(rep.Verify.MissingCodes, w.code)
 		}
 	}
-	rep.Verify.Codes = len(res.Codes)
 	switch {
 	case res.Checked != rep.IDs && cfg.Sink == nil:
 		rep.verifyErr = errors.Newf("bench: %d IDs minted but %d checked", rep.IDs, res.Checked)
@@ -883,19 +874,9 @@ func (w *worker) flush(cfg Config, checker *idcheck.Checker) {
 	w.buf = w.buf[:0]
 }
 
+// sleepUntil waits until t and reports whether ctx is still live.
 func sleepUntil(ctx context.Context, t time.Time) bool {
-	d := time.Until(t)
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return clock.Sleep(ctx, time.Until(t)) == nil
 }
 
 // progress prints a line every ProgressEvery until ctx ends.
@@ -918,19 +899,9 @@ func progress(ctx context.Context, cfg Config, env *Env, ws []*worker, begin tim
 			c := env.counts()
 			dt := now.Sub(last).Seconds()
 			fmt.Fprintf(cfg.Progress, "bench: %5.1fs/%v  %s IDs/s (target %s)  total %s  refills %d  stalls %d  etcd writes/s %.0f\n",
-				now.Sub(begin).Seconds(), cfg.Duration, si(float64(ids-lastIDs)/dt), si(cfg.Rate), si(float64(ids)),
+				now.Sub(begin).Seconds(), cfg.Duration, report.SI(float64(ids-lastIDs)/dt), report.SI(cfg.Rate), report.SI(float64(ids)),
 				st.Refills-s0.Refills, st.Stalls-s0.Stalls, float64(c.Writes()-lastWrites)/dt)
 			lastIDs, last, lastWrites = ids, now, c.Writes()
 		}
 	}
-}
-
-func si(v float64) string {
-	switch {
-	case v >= 1e6:
-		return fmt.Sprintf("%.2fM", v/1e6)
-	case v >= 1e3:
-		return fmt.Sprintf("%.1fk", v/1e3)
-	}
-	return fmt.Sprintf("%.0f", v)
 }

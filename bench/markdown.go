@@ -1,25 +1,20 @@
 package bench
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/idrange/idrange/internal/report"
 )
 
 // WriteJSON writes the report as indented JSON.
-func (r *Report) WriteJSON(w io.Writer) error { return writeJSON(w, r) }
+func (r *Report) WriteJSON(w io.Writer) error { return report.WriteJSON(w, r) }
 
 // WriteJSON writes the sweep as indented JSON.
-func (s *SweepReport) WriteJSON(w io.Writer) error { return writeJSON(w, s) }
-
-func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
+func (s *SweepReport) WriteJSON(w io.Writer) error { return report.WriteJSON(w, s) }
 
 // WriteMarkdown writes the report as a two-column Markdown table.
 func (r *Report) WriteMarkdown(w io.Writer) error {
@@ -27,7 +22,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	f := r.Fleet
 	fmt.Fprintf(&b, "Machine: %s. Started %s.\n\n", r.Machine, r.Started.Format(time.RFC3339))
 	fmt.Fprintf(&b, "Fleet: %d region(s) × %d workers = %d rangeclients over loopback gRPC, %s; target %s IDs/s (%.0f per worker, tick %v), %v",
-		f.Regions, f.Workers, f.Regions*f.Workers, f.Etcd, si(f.TargetRate), f.PerWorkerRate, time.Duration(f.Tick), time.Duration(f.Duration))
+		f.Regions, f.Workers, f.Regions*f.Workers, f.Etcd, report.SI(f.TargetRate), f.PerWorkerRate, time.Duration(f.Tick), time.Duration(f.Duration))
 	if f.FixedBlock > 0 {
 		fmt.Fprintf(&b, ", fixed block %d units (%s of span)", f.FixedBlock, spanString(f.FixedBlock))
 	} else {
@@ -40,16 +35,16 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		reached = "**target NOT reached on this machine**"
 	}
 	el := time.Duration(r.Elapsed).Seconds()
-	row("achieved rate (paced IDs returned within the window / window)", "%s IDs/s (%.1f%% of %s; %s)", si(r.AchievedRate), 100*r.AchievedRate/f.TargetRate, si(f.TargetRate), reached)
+	row("achieved rate (paced IDs returned within the window / window)", "%s IDs/s (%.1f%% of %s; %s)", report.SI(r.AchievedRate), 100*r.AchievedRate/f.TargetRate, report.SI(f.TargetRate), reached)
 	row("schedule kept", "%.2f%% of the %.0f IDs owed by the end; the last worker finished %v after the end",
 		100*r.ScheduleKept, f.TargetRate*time.Duration(f.Duration).Seconds(), (time.Duration(r.Elapsed) - time.Duration(f.Duration)).Round(time.Millisecond))
-	row("IDs minted", "%d in %v (%d of them in bursts; %s IDs/s in all)", r.IDs, time.Duration(r.Elapsed).Round(time.Millisecond), r.BurstIDs, si(r.TotalRate))
+	row("IDs minted", "%d in %v (%d of them in bursts; %s IDs/s in all)", r.IDs, time.Duration(r.Elapsed).Round(time.Millisecond), r.BurstIDs, report.SI(r.TotalRate))
 	row("CPU used by this process", "%.2f cores (of %d; the host's load average was %s at start)", r.CPUCores, r.Machine.NumCPU, r.Machine.LoadAvg)
-	row("latency per ID", "p50 %s · p99 %s · p99.9 %s · max %s", lat(r.Latency.P50), lat(r.Latency.P99), lat(r.Latency.P999), lat(r.Latency.Max))
-	row("tick lateness (machine keeping up?)", "p50 %s · p99 %s · max %s", lat(r.TickLateness.P50), lat(r.TickLateness.P99), lat(r.TickLateness.Max))
+	row("latency per ID", "p50 %s · p99 %s · p99.9 %s · max %s", report.Latency(r.Latency.P50), report.Latency(r.Latency.P99), report.Latency(r.Latency.P999), report.Latency(r.Latency.Max))
+	row("tick lateness (machine keeping up?)", "p50 %s · p99 %s · max %s", report.Latency(r.TickLateness.P50), report.Latency(r.TickLateness.P99), report.Latency(r.TickLateness.Max))
 	if r.Burst.Size > 0 {
 		row(fmt.Sprintf("burst: %d IDs back to back, one worker", r.Burst.Size), "%d bursts, %d within 1 ms; duration p50 %s · max %s; per ID p99.9 %s",
-			r.Burst.Count, r.Burst.WithinBudget, lat(r.Burst.Duration.P50), lat(r.Burst.Duration.Max), lat(r.Burst.Latency.P999))
+			r.Burst.Count, r.Burst.WithinBudget, report.Latency(r.Burst.Duration.P50), report.Latency(r.Burst.Duration.Max), report.Latency(r.Burst.Latency.P999))
 	}
 	row("refills (blocks granted to clients)", "%d (%.0f/s); refill errors %d; backpressure %d", r.Refills, float64(r.Refills)/el, r.RefillErrors, r.Backpressure)
 	row("stalls (Next waited for a block)", "%d", r.Stalls)
@@ -64,7 +59,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	sort.Strings(methods)
 	for _, m := range methods {
 		l := r.ServerLatency[m]
-		row("service time of "+m, "%d calls · p50 %s · p99 %s · p99.9 %s · max %s", l.Count, lat(l.P50), lat(l.P99), lat(l.P999), lat(l.Max))
+		row("service time of "+m, "%d calls · p50 %s · p99 %s · p99.9 %s · max %s", l.Count, report.Latency(l.P50), report.Latency(l.P99), report.Latency(l.P999), report.Latency(l.Max))
 	}
 	row("failed Next calls", "%d%s", r.Errors, firstErr(r.FirstError))
 	row("leases replaced (lost, then re-acquired)", "%d", r.LeaseChanges)
@@ -88,17 +83,4 @@ func firstErr(s string) string {
 		return ""
 	}
 	return " (first: " + oneLine(s) + ")"
-}
-
-// lat prints a latency with three significant digits.
-func lat(d time.Duration) string {
-	switch {
-	case d < time.Microsecond:
-		return fmt.Sprintf("%dns", d.Nanoseconds())
-	case d < time.Millisecond:
-		return fmt.Sprintf("%.3gµs", float64(d)/1e3)
-	case d < time.Second:
-		return fmt.Sprintf("%.3gms", float64(d)/1e6)
-	}
-	return fmt.Sprintf("%.3gs", d.Seconds())
 }

@@ -18,6 +18,7 @@ import (
 	"gonum.org/v1/plot/vg/vgsvg"
 
 	"github.com/idrange/idrange/internal/machine"
+	"github.com/idrange/idrange/internal/report"
 	"github.com/idrange/idrange/segment"
 )
 
@@ -129,7 +130,7 @@ func (s *SweepReport) WriteMarkdown(w io.Writer) error {
 	if r := s.first(); r != nil {
 		f := r.Fleet
 		fmt.Fprintf(&b, "Fleet per point: %d region(s) × %d workers, target %s IDs/s, %v each, %s.\n\n",
-			f.Regions, f.Workers, si(f.TargetRate), time.Duration(f.Duration), f.Etcd)
+			f.Regions, f.Workers, report.SI(f.TargetRate), time.Duration(f.Duration), f.Etcd)
 	}
 	b.WriteString("| block (units) | span | achieved IDs/s | % of target | p50 / ID | p99 / ID | p99.9 / ID | max / ID | refills | stalls | calls > 1 ms | etcd writes/s | errors | IDs checked | duplicates |\n")
 	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -140,9 +141,9 @@ func (s *SweepReport) WriteMarkdown(w io.Writer) error {
 			continue
 		}
 		fmt.Fprintf(&b, "| %d | %s | %s | %.1f%% | %s | %s | %s | %s | %d | %d | %d | %.0f | %d | %s | %d |\n",
-			p.Block, spanString(p.Block), si(r.AchievedRate), 100*r.AchievedRate/r.Fleet.TargetRate,
-			lat(r.Latency.P50), lat(r.Latency.P99), lat(r.Latency.P999), lat(r.Latency.Max),
-			r.Refills, r.Stalls, r.SlowCalls, r.EtcdWritesPerSec, r.Errors, si(float64(r.Verify.Checked)), r.Verify.Duplicates)
+			p.Block, spanString(p.Block), report.SI(r.AchievedRate), 100*r.AchievedRate/r.Fleet.TargetRate,
+			report.Latency(r.Latency.P50), report.Latency(r.Latency.P99), report.Latency(r.Latency.P999), report.Latency(r.Latency.Max),
+			r.Refills, r.Stalls, r.SlowCalls, r.EtcdWritesPerSec, r.Errors, report.SI(float64(r.Verify.Checked)), r.Verify.Duplicates)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

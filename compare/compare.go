@@ -44,6 +44,7 @@ import (
 	"github.com/idrange/idrange/internal/hdr"
 	"github.com/idrange/idrange/internal/idcheck"
 	"github.com/idrange/idrange/internal/machine"
+	"github.com/idrange/idrange/internal/report"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -229,18 +230,8 @@ type Phase struct {
 	Waits uint64 `json:"waits"`
 }
 
-// Dur is a time.Duration that marshals as a string ("1.5s").
-type Dur time.Duration
-
-// MarshalText writes the duration in time.Duration's format.
-func (d Dur) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
-
-// UnmarshalText parses time.Duration's format.
-func (d *Dur) UnmarshalText(b []byte) error {
-	v, err := time.ParseDuration(string(b))
-	*d = Dur(v)
-	return err
-}
+// Dur is a time.Duration that marshals as text ("1.5s"); see report.Dur.
+type Dur = report.Dur
 
 // Err is nil when every strategy ran and verified; otherwise it names the
 // first that did not (wrapping ErrVerify for a failed check).

@@ -1,19 +1,16 @@
 package compare
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
 	"time"
+
+	"github.com/idrange/idrange/internal/report"
 )
 
 // WriteJSON writes the report as indented JSON.
-func (r *Report) WriteJSON(w io.Writer) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(r)
-}
+func (r *Report) WriteJSON(w io.Writer) error { return report.WriteJSON(w, r) }
 
 // WriteMarkdown writes the report as Markdown: a throughput and latency
 // table (one row per strategy and goroutine count), a cost and properties
@@ -35,8 +32,8 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 				continue
 			}
 			fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d | %s | %s | %s | %s |\n",
-				res.Name, ph.Goroutines, rate(ph.IDsPerSec), ratioStr(ratio), count(ph.Calls), ph.Waits,
-				lat(ph.Latency.P50), lat(ph.Latency.P99), lat(ph.Latency.P999), lat(ph.Latency.Max))
+				res.Name, ph.Goroutines, report.SI(ph.IDsPerSec), ratioStr(ratio), report.SI(float64(ph.Calls)), ph.Waits,
+				report.Latency(ph.Latency.P50), report.Latency(ph.Latency.P99), report.Latency(ph.Latency.P999), report.Latency(ph.Latency.Max))
 		}
 	}
 
@@ -58,13 +55,13 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	local, buf, rpc := r.Result(LocalName), r.Result(BufferedName), r.Result(PerIDRPCName)
 	if local != nil && buf != nil {
 		fmt.Fprintf(&b, "- buffered vs local: %s IDs/s at 1 goroutine, %s at %d; p50 per call %s vs %s. At saturation the IDs/s ratio is the per-code rule, not the hot path: local waited %d times for the next millisecond, buffered ran up to %d ms ahead of the clock (see notes).\n",
-			ratioStr(buf.RatioSingle), ratioStr(buf.RatioMulti), r.Goroutines, lat(buf.Single.Latency.P50), lat(local.Single.Latency.P50),
+			ratioStr(buf.RatioSingle), ratioStr(buf.RatioMulti), r.Goroutines, report.Latency(buf.Single.Latency.P50), report.Latency(local.Single.Latency.P50),
 			local.Single.Waits+local.Multi.Waits, max(buf.Single.MaxLeadMs, buf.Multi.MaxLeadMs))
 	}
 	if buf != nil && rpc != nil && buf.Single.IDsPerSec > 0 && buf.Multi.IDsPerSec > 0 {
 		fmt.Fprintf(&b, "- per-ID RPC vs buffered: %s at 1 goroutine, %s at %d (p99 per call %s vs %s).\n",
 			ratioStr(rpc.Single.IDsPerSec/buf.Single.IDsPerSec), ratioStr(rpc.Multi.IDsPerSec/buf.Multi.IDsPerSec),
-			r.Goroutines, lat(rpc.Single.Latency.P99), lat(buf.Single.Latency.P99))
+			r.Goroutines, report.Latency(rpc.Single.Latency.P99), report.Latency(buf.Single.Latency.P99))
 	}
 	b.WriteString(`
 Notes:
@@ -85,18 +82,6 @@ Notes:
 	return err
 }
 
-func rate(v float64) string {
-	switch {
-	case v >= 1e6:
-		return fmt.Sprintf("%.2fM", v/1e6)
-	case v >= 1e3:
-		return fmt.Sprintf("%.1fk", v/1e3)
-	}
-	return fmt.Sprintf("%.0f", v)
-}
-
-func count(v int64) string { return rate(float64(v)) }
-
 func ratioStr(v float64) string {
 	switch {
 	case v == 0:
@@ -109,19 +94,6 @@ func ratioStr(v float64) string {
 		return fmt.Sprintf("%.4f×", v)
 	}
 	return fmt.Sprintf("1/%.0f", 1/v)
-}
-
-// lat prints a latency with three significant digits.
-func lat(d time.Duration) string {
-	switch {
-	case d < time.Microsecond:
-		return fmt.Sprintf("%dns", d.Nanoseconds())
-	case d < time.Millisecond:
-		return fmt.Sprintf("%.3gµs", float64(d)/1e3)
-	case d < time.Second:
-		return fmt.Sprintf("%.3gms", float64(d)/1e6)
-	}
-	return fmt.Sprintf("%.3gs", d.Seconds())
 }
 
 func per1M(v float64) string {
@@ -143,7 +115,7 @@ func yesNo(b bool) string {
 
 func checked(v Verify) string {
 	if v.Checked == v.Minted {
-		return fmt.Sprintf("%s (all)", count(v.Checked))
+		return fmt.Sprintf("%s (all)", report.SI(float64(v.Checked)))
 	}
-	return fmt.Sprintf("%s of %s", count(v.Checked), count(v.Minted))
+	return fmt.Sprintf("%s of %s", report.SI(float64(v.Checked)), report.SI(float64(v.Minted)))
 }

@@ -30,11 +30,7 @@ flags:`
 
 // runBench is `rangesvc bench`.
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("bench", stderr)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, benchUsage)
-		fs.PrintDefaults()
-	}
+	fs := newReportFlags("bench", benchUsage, stderr)
 	var (
 		regions       = fs.Int("regions", bench.DefaultRegions, "regions (1..4)")
 		workers       = fs.Int("workers", bench.DefaultWorkers, "workers (rangeclients) per region (1..256)")
@@ -49,21 +45,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		rpcTimeout    = fs.Duration("rpc-timeout", rangeclient.DefaultRPCTimeout, "rangeclient RPCTimeout (each lease/refill call)")
 		failOnErrors  = fs.Bool("fail-on-errors", false, "exit 1 also when Next calls failed (default: only on a verification failure)")
 		etcdPerRegion = fs.Bool("etcd-per-region", false, "one embedded etcd per region instead of one shared")
-		format        = fs.String("format", "markdown", "output format: markdown or json")
 		sweep         = fs.Bool("sweep", false, "run once per block size (--sweep-blocks) and chart the results")
 		sweepBlocks   = fs.String("sweep-blocks", joinInts(bench.DefaultSweepBlocks), "comma-separated block sizes (linear units) for --sweep")
 		out           = fs.String("out", "", "with --sweep: directory for sweep.svg, sweep.md, sweep.json")
 		setupTimeout  = fs.Duration("setup-timeout", 2*time.Minute, "bound on starting all clients (per point with --sweep)")
 		logLevel      = fs.String("log", "", "log clients and services to stderr at this level (debug, info, warn, error); default off")
 	)
-	if err := parseFlags(fs, args); err != nil {
+	if err := fs.parse(args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return usagef("unexpected arguments %q", fs.Args())
-	}
-	if *format != "markdown" && *format != "json" {
-		return usagef("--format %q: want markdown or json", *format)
 	}
 	switch {
 	case *regions < 1:
@@ -144,12 +133,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err != nil {
 			return err
 		}
-		if *format == "json" {
-			err = sr.WriteJSON(stdout)
-		} else {
-			err = sr.WriteMarkdown(stdout)
-		}
-		if err != nil {
+		if err := fs.write(stdout, sr); err != nil {
 			return err
 		}
 		if *out != "" {
@@ -168,12 +152,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	if *format == "json" {
-		err = rep.WriteJSON(stdout)
-	} else {
-		err = rep.WriteMarkdown(stdout)
-	}
-	if err != nil {
+	if err := fs.write(stdout, rep); err != nil {
 		return err
 	}
 	if !rep.TargetReached {

@@ -28,29 +28,18 @@ flags:`
 
 // runCompare is `rangesvc compare`.
 func runCompare(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("compare", stderr)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, compareUsage)
-		fs.PrintDefaults()
-	}
+	fs := newReportFlags("compare", compareUsage, stderr)
 	var (
 		duration   = fs.Duration("duration", compare.DefaultDuration, "time per strategy (half at 1 goroutine, half at --goroutines)")
 		ids        = fs.Int64("ids", 0, "also stop each phase after this many IDs (0: duration only)")
 		goroutines = fs.Int("goroutines", compare.DefaultGoroutines, "goroutines of the concurrent phase")
 		batch      = fs.String("batch", fmt.Sprintf("%d-%d", compare.DefaultBatchMin, compare.DefaultBatchMax), "IDs per call: N or MIN-MAX (uniform)")
 		strategies = fs.String("strategies", strings.Join(defaultStrategyNames(), ","), "comma-separated strategies to run, in order")
-		format     = fs.String("format", "markdown", "output format: markdown or json")
 		verifyMax  = fs.Int("verify-max", compare.DefaultVerifyMax, "IDs kept per strategy for the uniqueness check")
 		seed       = fs.Uint64("seed", 1, "seed of the batch-size sequence")
 	)
-	if err := parseFlags(fs, args); err != nil {
+	if err := fs.parse(args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return usagef("unexpected arguments %q", fs.Args())
-	}
-	if *format != "markdown" && *format != "json" {
-		return usagef("--format %q: want markdown or json", *format)
 	}
 	switch {
 	case *duration <= 0:
@@ -108,12 +97,7 @@ func runCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	if *format == "json" {
-		err = rep.WriteJSON(stdout)
-	} else {
-		err = rep.WriteMarkdown(stdout)
-	}
-	if err != nil {
+	if err := fs.write(stdout, rep); err != nil {
 		return err
 	}
 	return rep.Err()
