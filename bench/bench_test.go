@@ -14,37 +14,16 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/internal/idcheck"
+	"github.com/idrange/idrange/internal/region/regiontest"
 	"github.com/idrange/idrange/snowflake"
-)
-
-var (
-	envOnce sync.Once
-	testEnv *Env
-	envErr  error
 )
 
 // sharedEnv is one pair of in-process regions on one etcd, reused by the
 // package's tests (each test's clients are its own).
-func sharedEnv(t *testing.T) *Env {
-	t.Helper()
-	envOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		testEnv, envErr = StartEnv(ctx, Config{Regions: 2})
-	})
-	if envErr != nil {
-		t.Fatalf("start regions: %v", envErr)
-	}
-	return testEnv
-}
+var sharedEnv = regiontest.Shared[*Env]{What: "regions",
+	Start: func(ctx context.Context) (*Env, error) { return StartEnv(ctx, Config{Regions: 2}) }}
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if testEnv != nil {
-		testEnv.Close()
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(sharedEnv.Main(m)) }
 
 func smallConfig() Config {
 	return Config{
@@ -61,7 +40,7 @@ func smallConfig() Config {
 // A small fleet run: the report is complete and consistent, every ID was
 // checked, and the JSON decodes.
 func TestSmallFleet(t *testing.T) {
-	env := sharedEnv(t)
+	env := sharedEnv.Get(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var progress bytes.Buffer
@@ -114,28 +93,36 @@ func TestSmallFleet(t *testing.T) {
 	}
 }
 
-// The Sink hook plants one duplicate in one worker's stream: the run must
-// report it and fail with ErrVerify / idcheck.ErrDuplicate.
-func TestPlantedDuplicateFailsTheRun(t *testing.T) {
-	env := sharedEnv(t)
+// runWithSink runs the small fleet for d, without bursts, with cfg.Sink
+// set to sink (which plants a bad ID).
+func runWithSink(t *testing.T, d time.Duration, sink func(region, worker int, ids []snowflake.ID) []snowflake.ID) *Report {
+	t.Helper()
+	env := sharedEnv.Get(t)
 	cfg := smallConfig()
-	cfg.Duration = 500 * time.Millisecond
+	cfg.Duration = d
 	cfg.NoBurst = true
-	var once sync.Once
-	cfg.Sink = func(region, worker int, ids []snowflake.ID) []snowflake.ID {
-		if region == 1 && worker == 2 && len(ids) > 1 {
-			once.Do(func() { ids = append(ids, ids[0]) })
-		}
-		return ids
-	}
+	cfg.Sink = sink
 	rep, err := RunOn(context.Background(), env, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return rep
+}
+
+// The Sink hook plants one duplicate in one worker's stream: the run must
+// report it and fail with ErrVerify / idcheck.ErrDuplicate.
+func TestPlantedDuplicateFailsTheRun(t *testing.T) {
+	var once sync.Once
+	rep := runWithSink(t, 500*time.Millisecond, func(region, worker int, ids []snowflake.ID) []snowflake.ID {
+		if region == 1 && worker == 2 && len(ids) > 1 {
+			once.Do(func() { ids = append(ids, ids[0]) })
+		}
+		return ids
+	})
 	if rep.Verify.Duplicates != 1 || len(rep.Verify.DuplicateExamples) != 1 {
 		t.Fatalf("verify %+v, want exactly one duplicate", rep.Verify)
 	}
-	err = rep.Err()
+	err := rep.Err()
 	if !errors.Is(err, ErrVerify) || !errors.Is(err, idcheck.ErrDuplicate) {
 		t.Fatalf("Err = %v, want ErrVerify and idcheck.ErrDuplicate", err)
 	}
@@ -146,46 +133,30 @@ func TestPlantedDuplicateFailsTheRun(t *testing.T) {
 	}
 }
 
-// An out-of-range ID (a code no worker leased) fails the run too.
-func TestForeignCodeFailsTheRun(t *testing.T) {
-	env := sharedEnv(t)
-	cfg := smallConfig()
-	cfg.Duration = 300 * time.Millisecond
-	cfg.NoBurst = true
-	var once sync.Once
-	cfg.Sink = func(_, _ int, ids []snowflake.ID) []snowflake.ID {
-		once.Do(func() { ids = append(ids, snowflake.FromLinear(ids[0].Linear(), 3, 255)) })
-		return ids
-	}
-	rep, err := RunOn(context.Background(), env, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := rep.Err(); !errors.Is(err, idcheck.ErrOutOfRange) || rep.Verify.OutOfRange != 1 {
-		t.Fatalf("Err = %v, out of range %d; want ErrOutOfRange, 1", err, rep.Verify.OutOfRange)
-	}
-}
-
-// An ID of another region in a worker's stream (a valid code of the fleet,
-// but not the client's region) fails the run.
-func TestWrongRegionFailsTheRun(t *testing.T) {
-	env := sharedEnv(t)
-	cfg := smallConfig()
-	cfg.Duration = 300 * time.Millisecond
-	cfg.NoBurst = true
-	var once sync.Once
-	cfg.Sink = func(region, _ int, ids []snowflake.ID) []snowflake.ID {
-		if region == 1 {
-			once.Do(func() { ids = append(ids, snowflake.FromLinear(ids[0].Linear(), 0, 7)) })
-		}
-		return ids
-	}
-	rep, err := RunOn(context.Background(), env, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := rep.Err(); !errors.Is(err, idcheck.ErrOutOfRange) || rep.Verify.OutOfRange != 1 {
-		t.Fatalf("Err = %v, out of range %d; want ErrOutOfRange, 1", err, rep.Verify.OutOfRange)
+// One out-of-range ID planted in a worker's stream fails the run:
+// ForeignCode is a code no worker leased (caught by idcheck); WrongRegion
+// is a valid code of the fleet, but not of the client's region (caught by
+// the worker's own region check).
+func TestOutOfRangeIDFailsTheRun(t *testing.T) {
+	for name, plant := range map[string]struct {
+		onlyRegion   int // plant only in this region's streams (-1: any)
+		region, code int // the planted ID's region and worker fields
+	}{
+		"ForeignCode": {onlyRegion: -1, region: 3, code: 255},
+		"WrongRegion": {onlyRegion: 1, region: 0, code: 7},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var once sync.Once
+			rep := runWithSink(t, 300*time.Millisecond, func(region, _ int, ids []snowflake.ID) []snowflake.ID {
+				if plant.onlyRegion < 0 || region == plant.onlyRegion {
+					once.Do(func() { ids = append(ids, snowflake.FromLinear(ids[0].Linear(), plant.region, plant.code)) })
+				}
+				return ids
+			})
+			if err := rep.Err(); !errors.Is(err, idcheck.ErrOutOfRange) || rep.Verify.OutOfRange != 1 {
+				t.Fatalf("Err = %v, out of range %d; want ErrOutOfRange, 1", err, rep.Verify.OutOfRange)
+			}
+		})
 	}
 }
 
@@ -194,7 +165,7 @@ func TestSweepWritesChart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("sweep runs the fleet twice")
 	}
-	env := sharedEnv(t)
+	env := sharedEnv.Get(t)
 	cfg := smallConfig()
 	cfg.Duration = 600 * time.Millisecond
 	cfg.NoBurst = true

@@ -13,46 +13,25 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/internal/region"
+	"github.com/idrange/idrange/internal/region/regiontest"
 	"github.com/idrange/idrange/internal/rpccount"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/snowflake"
 )
 
-var (
-	regionOnce sync.Once
-	testRegion *region.Region
-	regionErr  error
-)
-
-// sharedRegion starts one in-process region for the package's tests (etcd
+// sharedRegion is one in-process region for the package's tests (etcd
 // start-up is the slow part); it lives until the test binary exits.
-func sharedRegion(t *testing.T) *region.Region {
-	t.Helper()
-	regionOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		testRegion, regionErr = region.Start(ctx, region.Config{Region: 1})
-	})
-	if regionErr != nil {
-		t.Fatalf("start region: %v", regionErr)
-	}
-	return testRegion
-}
+var sharedRegion = regiontest.Shared[*region.Region]{What: "region",
+	Start: func(ctx context.Context) (*region.Region, error) { return region.Start(ctx, region.Config{Region: 1}) }}
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if testRegion != nil {
-		testRegion.Close()
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(sharedRegion.Main(m)) }
 
 // A short run of every built-in strategy produces a complete report: all
 // five present, positive rates and latencies, the network strategies
 // counted (RPCs, etcd writes) and the local ones not, every 64-bit ID
 // checked, JSON that decodes back, and Markdown with both tables.
 func TestRunAllStrategies(t *testing.T) {
-	r := sharedRegion(t)
+	r := sharedRegion.Get(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	rep, err := Run(ctx, Config{Region: r, Duration: 600 * time.Millisecond, Goroutines: 3})
