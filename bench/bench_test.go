@@ -15,6 +15,7 @@ import (
 
 	"github.com/idrange/idrange/internal/idcheck"
 	"github.com/idrange/idrange/internal/region/regiontest"
+	"github.com/idrange/idrange/internal/report/reporttest"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -54,14 +55,7 @@ func TestSmallFleet(t *testing.T) {
 	if err := rep.Err(); err != nil {
 		t.Fatalf("report error: %v", err)
 	}
-	var buf bytes.Buffer
-	if err := rep.WriteJSON(&buf); err != nil {
-		t.Fatal(err)
-	}
-	var back Report
-	if err := json.Unmarshal(buf.Bytes(), &back); err != nil {
-		t.Fatalf("JSON does not decode: %v\n%s", err, buf.String())
-	}
+	back := reporttest.RoundTrip[Report](t, rep.WriteJSON)
 	owed := int64(cfg.Rate * cfg.Duration.Seconds())
 	switch {
 	case back.IDs != back.Verify.Checked:

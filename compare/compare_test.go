@@ -3,7 +3,6 @@ package compare
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"os"
 	"strings"
 	"sync"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/idrange/idrange/internal/region"
 	"github.com/idrange/idrange/internal/region/regiontest"
+	"github.com/idrange/idrange/internal/report/reporttest"
 	"github.com/idrange/idrange/internal/rpccount"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/snowflake"
@@ -42,14 +42,7 @@ func TestRunAllStrategies(t *testing.T) {
 		t.Fatalf("report error: %v", err)
 	}
 
-	var buf bytes.Buffer
-	if err := rep.WriteJSON(&buf); err != nil {
-		t.Fatal(err)
-	}
-	var back Report
-	if err := json.Unmarshal(buf.Bytes(), &back); err != nil {
-		t.Fatalf("JSON does not decode: %v", err)
-	}
+	back := reporttest.RoundTrip[Report](t, rep.WriteJSON)
 	want := []string{LocalName, BufferedName, PerIDRPCName, SegmentPerCallName, UUIDv7Name}
 	if len(back.Results) != len(want) {
 		t.Fatalf("%d results, want %d", len(back.Results), len(want))
