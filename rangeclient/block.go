@@ -32,6 +32,9 @@ type block struct {
 	// usable: the sent time of the request plus (ValidUntil - ServiceTime).
 	// Measuring from the send (not the arrival) errs on the early side.
 	validLocal int64
+	// validReal is the same instant on Go's monotonic clock (checked only
+	// with an injected Config.Clock, which may step back).
+	validReal int64
 	// kickAt: once the cursor reaches it, the hot path wakes the refill
 	// loop (the ID-based prefetch trigger).
 	kickAt int64
@@ -49,12 +52,13 @@ type block struct {
 	kicked  atomic.Bool
 }
 
-func newBlock(sb segment.Block, l *leaseState, sent, arrive int64) *block {
+func newBlock(sb segment.Block, l *leaseState, sent, rsent, arrive int64) *block {
 	b := &block{
 		hi:         sb.Hi,
 		base:       int64(sb.Region)<<(snowflake.SequenceBits+snowflake.WorkerBits) | int64(sb.Worker)<<snowflake.SequenceBits,
 		offset:     sb.ServiceTime.Sub(snowflake.Epoch).Nanoseconds() - arrive,
 		validLocal: sent + sb.ValidUntil.Sub(sb.ServiceTime).Nanoseconds(),
+		validReal:  rsent + sb.ValidUntil.Sub(sb.ServiceTime).Nanoseconds(),
 		kickAt:     sb.Hi, // set properly by the refill loop
 		lease:      l,
 		lo:         sb.Lo,

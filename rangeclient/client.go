@@ -214,11 +214,18 @@ func (c *Client) rnow() int64 {
 	return int64(time.Since(c.rorigin))
 }
 
-// fresh reports whether b may mint at now: its lease's deadlines (the
-// second one only with an injected clock) and its own validity.
+// fresh reports whether b may mint at now: its lease's safety deadline and
+// its own validity, on the client's clock and (only with an injected clock,
+// which may step back) also on Go's monotonic clock.
 func (c *Client) fresh(b *block, now int64) bool {
-	return now < b.lease.deadline.Load() && now < b.validLocal &&
-		(c.sysClock || c.rnow() < b.lease.rdeadline.Load())
+	if now >= b.lease.deadline.Load() || now >= b.validLocal {
+		return false
+	}
+	if c.sysClock {
+		return true
+	}
+	r := c.rnow()
+	return r < b.lease.rdeadline.Load() && r < b.validReal
 }
 
 // Next returns a new ID. At steady state it is one clock reading and one
@@ -317,7 +324,7 @@ func (c *Client) reserveSlow(ctx context.Context, n int64) (*block, int64, int64
 			return nil, 0, 0, err
 		}
 		if b := c.cur.Load(); b != nil {
-			if b.lease == l && now < b.validLocal {
+			if b.lease == l && c.fresh(b, now) {
 				if f, k, ok := b.take(now, n); ok {
 					if f+k > b.kickAt {
 						c.prefetch(b)
@@ -386,8 +393,8 @@ func (c *Client) rotate(b *block) {
 }
 
 // usable reports whether b can still mint under the current lease l.
-func usable(b *block, l *leaseState, now int64) bool {
-	return b.lease == l && l.err(now) == nil && !b.finished(now)
+func (c *Client) usable(b *block, l *leaseState, now int64) bool {
+	return b.lease == l && l.err(now) == nil && !b.finished(now) && (c.sysClock || c.rnow() < b.validReal)
 }
 
 // normalizeLocked retires finished or stale blocks and promotes the
@@ -396,7 +403,7 @@ func (c *Client) normalizeLocked(now int64) {
 	l := c.lease.Load()
 	for {
 		cur := c.cur.Load()
-		if cur != nil && usable(cur, l, now) {
+		if cur != nil && c.usable(cur, l, now) {
 			break
 		}
 		nx := c.next.Load()
@@ -409,7 +416,7 @@ func (c *Client) normalizeLocked(now int64) {
 			c.retireLocked(cur)
 		}
 	}
-	if nx := c.next.Load(); nx != nil && !usable(nx, l, now) {
+	if nx := c.next.Load(); nx != nil && !c.usable(nx, l, now) {
 		c.next.Store(nil)
 		c.retireLocked(nx)
 	}

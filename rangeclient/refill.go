@@ -250,7 +250,7 @@ func (c *Client) setRefillErr(err error) {
 func (c *Client) refillOnce(l *leaseState) error {
 	n := int(c.pol.count.Load())
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.RPCTimeout)
-	sent := c.now()
+	sent, rsent := c.now(), c.rnow()
 	sb, err := c.alloc.Allocate(ctx, l.seg, n)
 	arrive := c.now()
 	cancel()
@@ -270,7 +270,7 @@ func (c *Client) refillOnce(l *leaseState) error {
 	if err := checkBlock(sb, l.seg, n); err != nil {
 		return err
 	}
-	b := newBlock(sb, l, sent, arrive)
+	b := newBlock(sb, l, sent, rsent, arrive)
 	b.kickAt = c.kickAt(b)
 	c.stats.refills.Add(1)
 	if !c.install(b) {
@@ -308,7 +308,7 @@ func (c *Client) install(b *block) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.now()
-	if c.closed.Load() || c.lease.Load() != b.lease || !usable(b, b.lease, now) {
+	if c.closed.Load() || c.lease.Load() != b.lease || !c.usable(b, b.lease, now) {
 		return false
 	}
 	c.refillErr = nil

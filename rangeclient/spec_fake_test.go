@@ -23,9 +23,11 @@ func TestLocalClockJumpsNeverLeaveABlock(t *testing.T) {
 		off := &clock.Offset{}
 		c := newTestClient(t, svc.Conn(), func(cfg *Config) { cfg.Clock = off })
 		var ids []snowflake.ID
+		var at []time.Time // service time of each mint
 		mint := func(n int) {
 			for range n {
 				ids = append(ids, mustNext(t, c))
+				at = append(at, svc.Now())
 				time.Sleep(500 * time.Microsecond)
 			}
 		}
@@ -42,6 +44,14 @@ func TestLocalClockJumpsNeverLeaveABlock(t *testing.T) {
 		}
 		checkUnique(t, ids)
 		checkInGrants(t, svc, ids)
+		// Nor is a block used past its validity on the service's clock,
+		// however the client's clock moved.
+		idx := rangeclienttest.Index(svc.Grants())
+		for i, id := range ids {
+			if g, _ := idx.Find(id); at[i].After(g.ValidUntil) {
+				t.Fatalf("ID %d minted %v after its block's ValidUntil", i, at[i].Sub(g.ValidUntil))
+			}
+		}
 		if s := c.Stats(); s.ClockRollbacks == 0 {
 			t.Fatal("no rollback was detected")
 		}

@@ -112,7 +112,7 @@ func (c *Client) Health() error {
 		return err
 	}
 	for _, b := range []*block{c.cur.Load(), c.next.Load()} {
-		if b != nil && usable(b, l, now) {
+		if b != nil && c.usable(b, l, now) {
 			return nil
 		}
 	}
