@@ -106,7 +106,9 @@ type Config struct {
 
 	// RPCTimeout bounds each call to the service (default 1 s); Acquire
 	// gets five times as long, because an abandoned Acquire may still take
-	// a code in the service until its TTL ends.
+	// a code in the service until its TTL ends, and a renewal up to one
+	// RenewPeriod (never past the safety deadline), so a slow etcd does not
+	// cost a lease that still had seconds to live.
 	RPCTimeout time.Duration
 	// SafetyMargin is subtracted from the TTL the service grants: the local
 	// safety deadline is (monotonic time the successful renewal was sent) +

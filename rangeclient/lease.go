@@ -257,9 +257,18 @@ func (c *Client) leaseLoop(l *leaseState) {
 }
 
 // renew sends one renewal of l and applies its outcome.
+//
+// A renewal may take longer than RPCTimeout: up to one renewal period, but
+// never past the safety deadline (a reply after it is useless). Cutting a
+// slow renewal at RPCTimeout made an overloaded etcd (grants taking over a
+// second) cost every client its lease although its deadline was seconds away.
 func (c *Client) renew(l *leaseState, bo *backoff) {
-	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.RPCTimeout)
 	sent, rsent := c.now(), c.rnow()
+	timeout := max(c.cfg.RPCTimeout, time.Duration(l.period))
+	if left := l.safeFor(sent); left > 0 && left < timeout {
+		timeout = left
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, timeout)
 	rl, err := c.alloc.Renew(ctx, l.seg)
 	cancel()
 	now := c.now()

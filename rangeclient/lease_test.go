@@ -289,3 +289,33 @@ func TestLateRenewalReplyDoesNotStretchTheDeadline(t *testing.T) {
 		}
 	})
 }
+
+// A renewal slower than RPCTimeout but well inside the safe interval (an
+// overloaded etcd) still renews the lease: the client does not give up a
+// code that had seconds to live.
+func TestSlowRenewalKeepsTheLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc := fakeService(10 * time.Second)
+		conn := svc.Conn()
+		c := newTestClient(t, conn, nil) // RPCTimeout 1 s; safe interval 9 s, renewal every 3 s
+		old := c.Lease().Lease
+		conn.SetHook(func(ctx context.Context, m rangeclienttest.Method) error {
+			if m == rangeclienttest.Renew {
+				time.Sleep(1500 * time.Millisecond)
+			}
+			return nil
+		})
+		for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+			if _, err := c.Next(context.Background()); err != nil {
+				t.Fatalf("Next at %v: %v", time.Until(end), err)
+			}
+		}
+		st := c.Stats()
+		if st.Renewals < 5 || st.RenewalFailures != 0 || st.Expiries != 0 {
+			t.Fatalf("renewals %d, failures %d, expiries %d: slow renewals must succeed", st.Renewals, st.RenewalFailures, st.Expiries)
+		}
+		if c.Lease().Lease.Token != old.Token {
+			t.Fatal("the client changed lease although every renewal succeeded")
+		}
+	})
+}
