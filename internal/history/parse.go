@@ -168,17 +168,7 @@ func ReadFile(path string) (*History, error) {
 	if err != nil {
 		return nil, errors.Wrap(err, "history: read")
 	}
-	h := &History{Path: path}
-	if err := h.feed(b); err != nil {
-		return nil, err
-	}
-	if len(h.partial) > 0 {
-		return nil, errors.Wrapf(ErrMalformed, "%s: last line %d is incomplete: %q", path, h.lines+1, clip(h.partial))
-	}
-	if h.lines == 0 {
-		return nil, errors.Wrapf(ErrMalformed, "%s: empty history (no header)", path)
-	}
-	return h, nil
+	return parseComplete(b, path)
 }
 
 // Parse parses a complete history from r (see ReadFile); name labels errors.
@@ -187,6 +177,12 @@ func Parse(r io.Reader, name string) (*History, error) {
 	if err != nil {
 		return nil, errors.Wrap(err, "history: read")
 	}
+	return parseComplete(b, name)
+}
+
+// parseComplete parses b as a whole history labelled name: a last line
+// without its newline, or no header at all, is ErrMalformed.
+func parseComplete(b []byte, name string) (*History, error) {
 	h := &History{Path: name}
 	if err := h.feed(b); err != nil {
 		return nil, err
