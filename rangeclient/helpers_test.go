@@ -23,11 +23,17 @@ func fakeService(ttl time.Duration) *rangeclienttest.Service {
 // closes it at the end of the test.
 func newTestClient(t testing.TB, conn *rangeclienttest.Conn, edit func(*Config)) *Client {
 	t.Helper()
-	cfg := Config{Allocator: conn, Region: 1, Owner: t.Name()}
+	return startClient(t, Config{Allocator: conn, Region: 1, Owner: t.Name()}, 30*time.Second, edit)
+}
+
+// startClient applies edit (if any) to cfg, builds a client within timeout
+// and closes it at the end of the test.
+func startClient(t testing.TB, cfg Config, timeout time.Duration, edit func(*Config)) *Client {
+	t.Helper()
 	if edit != nil {
 		edit(&cfg)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	c, err := New(ctx, cfg)
 	if err != nil {

@@ -37,18 +37,7 @@ func realRegion(t *testing.T, replicas int) []*testenv.Replica {
 
 func realClient(t *testing.T, edit func(*Config), targets ...string) *Client {
 	t.Helper()
-	cfg := Config{Targets: targets, Region: 1, Owner: t.Name(), SafetyMargin: time.Second}
-	if edit != nil {
-		edit(&cfg)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	c, err := New(ctx, cfg)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
+	return startClient(t, Config{Targets: targets, Region: 1, Owner: t.Name(), SafetyMargin: time.Second}, 20*time.Second, edit)
 }
 
 // Two replicas of one region: the client keeps minting while either is
