@@ -91,24 +91,10 @@ func TestConcurrentCallersAtMillisecondBoundaries(t *testing.T) {
 		svc := fakeService(10 * time.Second)
 		c := newTestClient(t, svc.Conn(), nil)
 		const goroutines, rounds = 16, 500
-		out := make([][]snowflake.ID, goroutines)
-		var wg sync.WaitGroup
-		for g := range goroutines {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for range rounds {
-					time.Sleep(time.Millisecond)
-					id, err := c.Next(context.Background())
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					out[g] = append(out[g], id)
-				}
-			}()
-		}
-		wg.Wait()
+		out := mintConcurrently(t, goroutines, rounds, func() (snowflake.ID, error) {
+			time.Sleep(time.Millisecond)
+			return c.Next(context.Background())
+		})
 		var all []snowflake.ID
 		for g, ids := range out {
 			for i := 1; i < len(ids); i++ {
@@ -141,25 +127,9 @@ func TestConcurrentCallersRacingOnJumps(t *testing.T) {
 	svc := rangeclienttest.New(rangeclienttest.Options{Region: 1, TTL: time.Hour, MaxLead: time.Hour})
 	c := newTestClient(t, svc.Conn(), func(cfg *Config) { cfg.Clock = &jumpClock{base: time.Now()} })
 	const goroutines, per = 32, 2000
-	out := make([][]snowflake.ID, goroutines)
-	var wg sync.WaitGroup
-	for g := range goroutines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			for range per {
-				id, err := c.Next(ctx)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				out[g] = append(out[g], id)
-			}
-		}()
-	}
-	wg.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out := mintConcurrently(t, goroutines, per, func() (snowflake.ID, error) { return c.Next(ctx) })
 	var all []snowflake.ID
 	for _, ids := range out {
 		all = append(all, ids...)
@@ -169,4 +139,29 @@ func TestConcurrentCallersRacingOnJumps(t *testing.T) {
 	if got := c.Stats().Minted; got != int64(len(all)) {
 		t.Fatalf("Stats.Minted = %d, minted %d", got, len(all))
 	}
+}
+
+// mintConcurrently runs goroutines callers that each call mint n times,
+// stopping at their first error (reported with t.Error), and returns each
+// caller's IDs in the order it got them.
+func mintConcurrently(t *testing.T, goroutines, n int, mint func() (snowflake.ID, error)) [][]snowflake.ID {
+	t.Helper()
+	out := make([][]snowflake.ID, goroutines)
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range n {
+				id, err := mint()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				out[g] = append(out[g], id)
+			}
+		}()
+	}
+	wg.Wait()
+	return out
 }
