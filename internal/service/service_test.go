@@ -157,11 +157,12 @@ func TestValidation(t *testing.T) {
 	ctx := context.Background()
 	good := func() *idrangev1.Lease { return &idrangev1.Lease{Region: 1, Worker: 3, Token: 9, LeaseId: 11} }
 	with := func(mod func(*idrangev1.Lease)) *idrangev1.Lease { l := good(); mod(l); return l }
-	cases := []struct {
+	type validationCase struct {
 		name  string
 		call  func() error
 		field string // the message must name it
-	}{
+	}
+	cases := []validationCase{
 		{"acquire wrong region", func() error {
 			_, err := f.cli.AcquireLease(ctx, &idrangev1.AcquireLeaseRequest{Region: 2})
 			return err
@@ -192,45 +193,25 @@ func TestValidation(t *testing.T) {
 	}
 	for _, lc := range leaseCases {
 		cases = append(cases,
-			struct {
-				name  string
-				call  func() error
-				field string
-			}{"renew " + lc.name, func() error {
+			validationCase{"renew " + lc.name, func() error {
 				_, err := f.cli.RenewLease(ctx, &idrangev1.RenewLeaseRequest{Lease: lc.lease})
 				return err
 			}, lc.field},
-			struct {
-				name  string
-				call  func() error
-				field string
-			}{"release " + lc.name, func() error {
+			validationCase{"release " + lc.name, func() error {
 				_, err := f.cli.ReleaseLease(ctx, &idrangev1.ReleaseLeaseRequest{Lease: lc.lease})
 				return err
 			}, lc.field},
-			struct {
-				name  string
-				call  func() error
-				field string
-			}{"allocate " + lc.name, func() error {
+			validationCase{"allocate " + lc.name, func() error {
 				_, err := f.cli.AllocateBlock(ctx, &idrangev1.AllocateBlockRequest{Lease: lc.lease, Count: 10})
 				return err
 			}, lc.field})
 	}
 	cases = append(cases,
-		struct {
-			name  string
-			call  func() error
-			field string
-		}{"allocate count 0", func() error {
+		validationCase{"allocate count 0", func() error {
 			_, err := f.cli.AllocateBlock(ctx, &idrangev1.AllocateBlockRequest{Lease: good(), Count: 0})
 			return err
 		}, "count: 0 not in 1..1000"},
-		struct {
-			name  string
-			call  func() error
-			field string
-		}{"allocate count huge", func() error {
+		validationCase{"allocate count huge", func() error {
 			_, err := f.cli.AllocateBlock(ctx, &idrangev1.AllocateBlockRequest{Lease: good(), Count: 1001})
 			return err
 		}, "count: 1001 not in 1..1000"},
