@@ -2,7 +2,6 @@ package history
 
 import (
 	"context"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,11 +11,10 @@ import (
 	"github.com/cockroachdb/errors"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
+	"github.com/idrange/idrange/internal/grpctest"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -45,26 +43,14 @@ func (fakeService) AllocateBlock(_ context.Context, q *idrangev1.AllocateBlockRe
 }
 
 func TestInterceptorRecordsCalls(t *testing.T) {
-	lis := bufconn.Listen(1 << 20)
-	srv := grpc.NewServer()
-	idrangev1.RegisterRangeServiceServer(srv, fakeService{})
-	go srv.Serve(lis)
-	t.Cleanup(srv.Stop)
-
 	path := filepath.Join(t.TempDir(), "h")
 	before := Now()
 	rec, err := Create(path, Header{Name: "m0", PID: 12, Region: 2, Margin: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cc, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	cc := grpctest.Dial(t, func(s grpc.ServiceRegistrar) { idrangev1.RegisterRangeServiceServer(s, fakeService{}) },
 		grpc.WithChainUnaryInterceptor(rec.UnaryClientInterceptor()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
 	c := idrangev1.NewRangeServiceClient(cc)
 	ctx := context.Background()
 	if _, err := c.AcquireLease(ctx, &idrangev1.AcquireLeaseRequest{Region: 2}); err != nil {

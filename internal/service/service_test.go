@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,15 +11,13 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/clock"
+	"github.com/idrange/idrange/internal/grpctest"
 	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -114,18 +111,7 @@ func newFixture(t *testing.T, mod func(*Config)) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis := bufconn.Listen(1 << 20)
-	srv := grpc.NewServer()
-	svc.Register(srv)
-	go srv.Serve(lis)
-	t.Cleanup(srv.Stop)
-	cc, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
+	cc := grpctest.Dial(t, svc.Register)
 	return &fixture{svc: svc, fake: fake, clk: clk, reg: reg, cli: idrangev1.NewRangeServiceClient(cc),
 		alloc: wire.NewAllocator(cc), hc: healthpb.NewHealthClient(cc)}
 }

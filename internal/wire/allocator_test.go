@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
+	"github.com/idrange/idrange/internal/grpctest"
 	"github.com/idrange/idrange/segment"
 )
 
@@ -128,18 +129,7 @@ func (r *relay) AllocateBlock(ctx context.Context, req *idrangev1.AllocateBlockR
 
 func dialRelay(t *testing.T, r *relay) segment.Allocator {
 	t.Helper()
-	lis := bufconn.Listen(1 << 20)
-	srv := grpc.NewServer()
-	idrangev1.RegisterRangeServiceServer(srv, r)
-	go srv.Serve(lis)
-	t.Cleanup(srv.Stop)
-	cc, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
+	cc := grpctest.Dial(t, func(s grpc.ServiceRegistrar) { idrangev1.RegisterRangeServiceServer(s, r) })
 	return NewAllocator(cc)
 }
 
