@@ -16,6 +16,7 @@ import (
 	"github.com/idrange/idrange/internal/idcheck"
 	"github.com/idrange/idrange/internal/region/regiontest"
 	"github.com/idrange/idrange/internal/report/reporttest"
+	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -143,7 +144,7 @@ func TestOutOfRangeIDFailsTheRun(t *testing.T) {
 			var once sync.Once
 			rep := runWithSink(t, 300*time.Millisecond, func(region, _ int, ids []snowflake.ID) []snowflake.ID {
 				if plant.onlyRegion < 0 || region == plant.onlyRegion {
-					once.Do(func() { ids = append(ids, snowflake.FromLinear(ids[0].Linear(), plant.region, plant.code)) })
+					once.Do(func() { ids = append(ids, segment.IDAt(segment.Linear(ids[0]), plant.region, plant.code)) })
 				}
 				return ids
 			})

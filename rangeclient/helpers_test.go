@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idrange/idrange/rangeclient/rangeclienttest"
+	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -61,7 +62,7 @@ func checkInGrants(t testing.TB, svc *rangeclienttest.Service, ids []snowflake.I
 	idx := rangeclienttest.Index(svc.Grants())
 	for _, id := range ids {
 		if _, ok := idx.Find(id); !ok {
-			t.Fatalf("ID %d (%+v, L=%d) is outside every granted block", id, id.Parts(), id.Linear())
+			t.Fatalf("ID %d (%+v, L=%d) is outside every granted block", id, id.Parts(), segment.Linear(id))
 		}
 	}
 	if a, b, ok := rangeclienttest.Overlaps(svc.Grants()); ok {

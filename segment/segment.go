@@ -92,7 +92,7 @@ func (b Block) Len() int64 { return b.Hi - b.Lo }
 // ID returns the ID at linear position l of the block's code. l must lie in
 // [Lo, Hi); that is the caller's invariant.
 func (b Block) ID(l int64) snowflake.ID {
-	return snowflake.FromLinear(l, b.Region, b.Worker)
+	return IDAt(l, b.Region, b.Worker)
 }
 
 // Allocator is the range service as a client sees it. The etcd-backed

@@ -61,8 +61,8 @@ func FuzzDecodeAnyInt64(f *testing.F) {
 		if c, err := snowflake.Compose(p.Ms, p.Region, p.Worker, p.Sequence); err != nil || c != id {
 			t.Fatalf("Compose(Decode(%d)) = %d, %v", v, c, err)
 		}
-		if snowflake.FromLinear(id.Linear(), p.Region, p.Worker) != id {
-			t.Fatalf("Linear/FromLinear of %d do not round-trip", v)
+		if segment.IDAt(segment.Linear(id), p.Region, p.Worker) != id {
+			t.Fatalf("Linear/IDAt of %d do not round-trip", v)
 		}
 	})
 }

@@ -118,7 +118,7 @@ func checkPlantedFaults(t *testing.T, s *suite, res result) {
 			bound = max(bound, r.Send+int64(r.TTL)-int64(h0.Margin))
 		}
 	}
-	next := int64(snowflake.FromLinear(id.Linear()+1, id.Region(), id.Worker()))
+	next := int64(segment.IDAt(segment.Linear(id)+1, id.Region(), id.Worker()))
 	late := history.Mint{T0: bound + int64(time.Millisecond), T1: bound + int64(2*time.Millisecond), IDs: []int64{next}}
 	rep, err = history.Check(others(0, copyWith(h0, late)), cfg)
 	if err != nil {

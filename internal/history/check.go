@@ -10,6 +10,7 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/internal/idcheck"
+	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -299,13 +300,13 @@ func Check(hs []*History, cfg Config) (Report, error) {
 				}
 				li, blk := ls[n-1], (*blockInfo)(nil)
 				for i := n - 1; i >= 0 && blk == nil; i-- {
-					if b := ls[i].blockAt(id.Linear(), m.T1); b != nil {
+					if b := ls[i].blockAt(segment.Linear(id), m.T1); b != nil {
 						li, blk = ls[i], b
 					}
 				}
 				if blk == nil {
 					rep.OutsideBlock++
-					example("block", "%s: %d (L=%d) of %v is in no block received under token %d", h.Name, v, id.Linear(), k, li.Token)
+					example("block", "%s: %d (L=%d) of %v is in no block received under token %d", h.Name, v, segment.Linear(id), k, li.Token)
 				} else {
 					blk.minted++
 					if validLocal := blk.Send + (blk.ValidUntil - blk.ServiceTime); m.T0 >= validLocal {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 
+	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -32,7 +33,7 @@ type fakeRun struct {
 
 func linear(ms, seq int64) int64 { return ms<<12 | seq }
 
-func idAt(l int64) int64 { return int64(snowflake.FromLinear(l, region, worker)) }
+func idAt(l int64) int64 { return int64(segment.IDAt(l, region, worker)) }
 
 func newFakeRun(t *testing.T, plant func(r1, r2 *Recorder, f *fakeRun)) *fakeRun {
 	t.Helper()
@@ -185,7 +186,7 @@ func TestCheckCatchesPlantedFaults(t *testing.T) {
 			f.hwm[worker] = append(f.hwm[worker], f.blockA[1])
 		}, ErrHWM},
 		{"wrong region", func(r1, r2 *Recorder, f *fakeRun) {
-			r2.Minted(11*sec+600, 11*sec+700, []snowflake.ID{snowflake.FromLinear(f.blockB[0]+7, 2, worker)})
+			r2.Minted(11*sec+600, 11*sec+700, []snowflake.ID{segment.IDAt(f.blockB[0]+7, 2, worker)})
 		}, nil, ErrOutOfRange},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/grpctest"
+	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -69,7 +70,7 @@ func TestInterceptorRecordsCalls(t *testing.T) {
 	if _, err := c.ReleaseLease(ctx, &idrangev1.ReleaseLeaseRequest{Lease: l}); err != nil {
 		t.Fatal(err)
 	}
-	rec.Minted(Now(), Now(), []snowflake.ID{snowflake.FromLinear(4096, 2, 7)})
+	rec.Minted(Now(), Now(), []snowflake.ID{segment.IDAt(4096, 2, 7)})
 	rec.Note(Now(), "client clock moved by -2s")
 	if err := rec.Close(); err != nil {
 		t.Fatal(err)

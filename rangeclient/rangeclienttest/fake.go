@@ -509,10 +509,10 @@ func Index(gs []Grant) *GrantIndex {
 	return x
 }
 
-// Find returns the grant of id's code with Lo <= id.Linear() < Hi.
+// Find returns the grant of id's code with Lo <= segment.Linear(id) < Hi.
 func (x *GrantIndex) Find(id snowflake.ID) (Grant, bool) {
 	list := x.byCode[[2]int{id.Region(), id.Worker()}]
-	l := id.Linear()
+	l := segment.Linear(id)
 	i := sort.Search(len(list), func(i int) bool { return list[i].Hi > l })
 	if i < len(list) && list[i].Lo <= l {
 		return list[i], true
