@@ -327,7 +327,7 @@ func (w perIDWorker) Mint(ctx context.Context, n int, out *Batch) error {
 			return wire.FromStatus(err)
 		}
 		id := snowflake.ID(resp.GetId())
-		if !id.Valid() {
+		if _, err := snowflake.Decode(id); err != nil {
 			return errors.Newf("compare: Next returned %d, not a valid ID", resp.GetId())
 		}
 		out.IDs = append(out.IDs, id)

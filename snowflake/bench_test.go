@@ -17,8 +17,22 @@ type fastClock struct {
 
 func (c *fastClock) Now() time.Time { return c.base.Add(time.Duration(c.n.Add(1)) * time.Microsecond) }
 
-func benchGen(b *testing.B, clk Clock) *Generator {
-	g, err := NewGenerator(Config{HighWater: NewMemHighWater(), Clock: clk, Window: time.Hour})
+// paidClock reads the real clock (and pays for it) but returns a time that
+// advances 1 µs per reading: the like-for-like counterpart of rangeclient's
+// Next, which reads Go's monotonic clock once per ID.
+type paidClock struct{ fastClock }
+
+func (c *paidClock) Now() time.Time {
+	_ = time.Now()
+	return c.fastClock.Now()
+}
+
+// benchGen builds a generator reading now (nil: time.Now).
+func benchGen(b *testing.B, now func() time.Time) *Generator {
+	if now == nil {
+		now = time.Now
+	}
+	g, err := newGenerator(Config{HighWater: NewMemHighWater(), Window: time.Hour}, now)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -40,7 +54,20 @@ func BenchmarkNext(b *testing.B) {
 
 // BenchmarkNextMechanism is the minting cost without the capacity limit.
 func BenchmarkNextMechanism(b *testing.B) {
-	g := benchGen(b, &fastClock{base: time.Now()})
+	g := benchGen(b, (&fastClock{base: time.Now()}).Now)
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := g.Next(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkNextPaidClock is the minting cost plus one real clock read per ID,
+// without the capacity limit (compare with rangeclient's BenchmarkNext).
+func BenchmarkNextPaidClock(b *testing.B) {
+	g := benchGen(b, (&paidClock{fastClock{base: time.Now()}}).Now)
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
@@ -51,7 +78,14 @@ func BenchmarkNextMechanism(b *testing.B) {
 }
 
 func BenchmarkNextParallel(b *testing.B) {
-	g := benchGen(b, &fastClock{base: time.Now()})
+	benchNextParallel(b, benchGen(b, (&fastClock{base: time.Now()}).Now))
+}
+
+func BenchmarkNextParallelPaidClock(b *testing.B) {
+	benchNextParallel(b, benchGen(b, (&paidClock{fastClock{base: time.Now()}}).Now))
+}
+
+func benchNextParallel(b *testing.B, g *Generator) {
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		ctx := context.Background()

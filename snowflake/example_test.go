@@ -2,9 +2,12 @@ package snowflake_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/idrange/idrange/snowflake"
 )
@@ -45,4 +48,27 @@ func ExampleParse() {
 	_, err := snowflake.Parse("-12")
 	fmt.Println(err)
 	// Output: -12 has the sign bit set: snowflake: invalid id
+}
+
+func ExampleDecode() {
+	p, err := snowflake.Decode(6293581833)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(p.Time.Format(time.RFC3339Nano), p.Ms, p.Region, p.Worker, p.Sequence)
+	// Output: 2026-01-01T00:00:01.5Z 1500 2 7 9
+}
+
+// IDs travel through JSON as decimal strings, which keeps all 64 bits in
+// JavaScript.
+func ExampleID_MarshalText() {
+	b, _ := json.Marshal(struct{ ID snowflake.ID }{6293581833})
+	fmt.Println(string(b))
+
+	var back struct{ ID snowflake.ID }
+	err := json.Unmarshal([]byte(`{"ID":"-1"}`), &back)
+	fmt.Println(errors.Is(err, snowflake.ErrInvalidID))
+	// Output:
+	// {"ID":"6293581833"}
+	// true
 }

@@ -2,25 +2,18 @@ package snowflake
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/cockroachdb/errors"
-
-	"github.com/idrange/idrange/internal/clock"
 )
 
-// Clock is the generator's time source: anything with Now() time.Time.
-// time.Now (the default) is right in production; tests inject offsets to
-// simulate rollbacks and jumps.
-type Clock = clock.Clock
-
-// Defaults for Config fields left zero.
+// Defaults for Config fields left zero (documented at each field).
 const (
-	DefaultWindow          = time.Second
-	DefaultMaxRollbackWait = 5 * time.Millisecond
-	DefaultEpochWarning    = 5 * 365 * 24 * time.Hour
+	defaultWindow          = time.Second
+	defaultMaxRollbackWait = 5 * time.Millisecond
+	defaultEpochWarning    = 5 * 365 * 24 * time.Hour
 )
 
 // Config configures a Generator for one worker code. Region, Worker and
@@ -35,9 +28,6 @@ type Config struct {
 	// in-memory fallback, because a restart without it could re-enter used
 	// space. Pass NewMemHighWater() explicitly when that is acceptable.
 	HighWater HighWaterStore
-
-	// Clock is the wall clock; nil means time.Now.
-	Clock Clock
 
 	// Window is how far ahead of the clock the persisted ceiling is kept
 	// (default 1 s). The generator writes the store about twice per window
@@ -72,20 +62,17 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	if c.Clock == nil {
-		c.Clock = clock.System{}
-	}
 	if c.Window == 0 {
-		c.Window = DefaultWindow
+		c.Window = defaultWindow
 	}
 	if c.StartupWait == 0 {
 		c.StartupWait = c.Window
 	}
 	if c.MaxRollbackWait == 0 {
-		c.MaxRollbackWait = DefaultMaxRollbackWait
+		c.MaxRollbackWait = defaultMaxRollbackWait
 	}
 	if c.EpochWarning == 0 {
-		c.EpochWarning = DefaultEpochWarning
+		c.EpochWarning = defaultEpochWarning
 	}
 }
 
@@ -95,19 +82,19 @@ var errConfig = errors.New("snowflake: invalid config")
 func (c *Config) validate() error {
 	switch {
 	case c.Region < 0 || c.Region > MaxRegion:
-		return errors.Wrapf(errConfig, "Region %d not in 0..%d", c.Region, MaxRegion)
+		return fmt.Errorf("Region %d not in 0..%d: %w", c.Region, MaxRegion, errConfig)
 	case c.Worker < 0 || c.Worker > MaxWorker:
-		return errors.Wrapf(errConfig, "Worker %d not in 0..%d", c.Worker, MaxWorker)
+		return fmt.Errorf("Worker %d not in 0..%d: %w", c.Worker, MaxWorker, errConfig)
 	case c.HighWater == nil:
-		return errors.Wrap(errConfig, "HighWater is required (use NewFileHighWater, or NewMemHighWater when losing it on restart is acceptable)")
+		return fmt.Errorf("HighWater is required (use NewFileHighWater, or NewMemHighWater when losing it on restart is acceptable): %w", errConfig)
 	case c.Window < 2*time.Millisecond:
-		return errors.Wrapf(errConfig, "Window %v must be at least 2ms", c.Window)
+		return fmt.Errorf("Window %v must be at least 2ms: %w", c.Window, errConfig)
 	case c.StartupWait < 0:
-		return errors.Wrapf(errConfig, "StartupWait %v is negative", c.StartupWait)
+		return fmt.Errorf("StartupWait %v is negative: %w", c.StartupWait, errConfig)
 	case c.MaxRollbackWait < 0:
-		return errors.Wrapf(errConfig, "MaxRollbackWait %v is negative", c.MaxRollbackWait)
+		return fmt.Errorf("MaxRollbackWait %v is negative: %w", c.MaxRollbackWait, errConfig)
 	case c.EpochWarning < 0:
-		return errors.Wrapf(errConfig, "EpochWarning %v is negative", c.EpochWarning)
+		return fmt.Errorf("EpochWarning %v is negative: %w", c.EpochWarning, errConfig)
 	}
 	return nil
 }
@@ -122,7 +109,8 @@ func (c *Config) validate() error {
 // restart (whose floor is that ceiling + 1) cannot repeat an ID.
 type Generator struct {
 	cfg  Config
-	base int64 // region<<20 | worker<<12
+	now  func() time.Time // time.Now; tests replace it to step the clock back
+	base int64            // region<<20 | worker<<12
 
 	state   atomic.Int64 // L of the last ID handed out
 	ceiling atomic.Int64 // highest durable ms
@@ -141,37 +129,43 @@ type Generator struct {
 
 // NewGenerator loads the persisted ceiling, refuses to start when the clock
 // is behind it by more than cfg.StartupWait, and persists a fresh ceiling
-// before returning.
-func NewGenerator(cfg Config) (*Generator, error) {
+// before returning. It fails when cfg is invalid; with the store's Load error
+// (ErrHighWaterCorrupt for an unreadable FileHighWater); with
+// ErrClockBehindHighWater; with ErrFieldRange before Epoch or
+// ErrEpochExhausted after the last millisecond; or with ErrPersist.
+func NewGenerator(cfg Config) (*Generator, error) { return newGenerator(cfg, time.Now) }
+
+// newGenerator is NewGenerator reading the clock now (tests pass a clock
+// they can move backwards, which testing/synctest cannot).
+func newGenerator(cfg Config, now func() time.Time) (*Generator, error) {
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	hwm, ok, err := cfg.HighWater.Load()
 	if err != nil {
-		return nil, errors.Wrap(err, "snowflake: load high-water mark")
+		return nil, fmt.Errorf("snowflake: load high-water mark: %w", err)
 	}
-	now := MsSince(cfg.Clock.Now())
-	if now < 0 {
-		return nil, errors.Wrapf(ErrFieldRange, "clock %v is before the epoch %v", cfg.Clock.Now(), Epoch)
+	nowMs := MsSince(now())
+	if nowMs < 0 {
+		return nil, fmt.Errorf("clock %v is before the epoch %v: %w", now(), Epoch, ErrFieldRange)
 	}
-	if now > MaxTimestamp {
-		return nil, errors.Wrapf(ErrEpochExhausted, "clock is %d ms past the epoch, the last is %d", now, int64(MaxTimestamp))
+	if nowMs > MaxTimestamp {
+		return nil, fmt.Errorf("clock is %d ms past the epoch, the last is %d: %w", nowMs, int64(MaxTimestamp), ErrEpochExhausted)
 	}
-	start := now
+	start := nowMs
 	if ok {
 		if ok && hwm >= MaxTimestamp {
-			return nil, errors.Wrapf(ErrEpochExhausted, "persisted ceiling is the last millisecond %d", hwm)
+			return nil, fmt.Errorf("persisted ceiling is the last millisecond %d: %w", hwm, ErrEpochExhausted)
 		}
-		start = max(now, hwm+1)
-		if behind := time.Duration(hwm-now) * time.Millisecond; behind > cfg.StartupWait {
-			return nil, errors.Wrapf(ErrClockBehindHighWater,
-				"clock is %v behind the persisted ceiling (ms %d, at %s); limit %v",
-				behind, hwm, MsTime(hwm).Format(time.RFC3339Nano), cfg.StartupWait)
+		start = max(nowMs, hwm+1)
+		if behind := time.Duration(hwm-nowMs) * time.Millisecond; behind > cfg.StartupWait {
+			return nil, fmt.Errorf("clock is %v behind the persisted ceiling (ms %d, at %s); limit %v: %w", behind, hwm, MsTime(hwm).Format(time.RFC3339Nano), cfg.StartupWait, ErrClockBehindHighWater)
 		}
 	}
 	g := &Generator{
 		cfg:    cfg,
+		now:    now,
 		base:   int64(cfg.Region)<<regionShift | int64(cfg.Worker)<<workerShift,
 		startL: start << SequenceBits,
 	}
@@ -206,7 +200,7 @@ func (g *Generator) NextN(ctx context.Context, n int) ([]ID, error) {
 // has room.
 func (g *Generator) AppendN(ctx context.Context, dst []ID, n int) ([]ID, error) {
 	if n <= 0 {
-		return dst, errors.Newf("snowflake: count %d must be positive", n)
+		return dst, fmt.Errorf("snowflake: count %d must be positive", n)
 	}
 	for n > 0 {
 		first, k, err := g.reserve(ctx, n)
@@ -235,12 +229,12 @@ func (g *Generator) reserve(ctx context.Context, n int) (int64, int64, error) {
 		// Load the state before reading the clock: then a concurrent
 		// caller's newer millisecond can never look like a rollback.
 		old := g.state.Load()
-		now := MsSince(g.cfg.Clock.Now())
+		now := MsSince(g.now())
 		last := old >> SequenceBits
 		var first int64
 		switch {
 		case now > MaxTimestamp:
-			return 0, 0, errors.Wrapf(ErrEpochExhausted, "clock is at ms %d, the last is %d", now, int64(MaxTimestamp))
+			return 0, 0, fmt.Errorf("clock is at ms %d, the last is %d: %w", now, int64(MaxTimestamp), ErrEpochExhausted)
 		case now > last:
 			first = now << SequenceBits
 		case old < g.startL:
@@ -256,7 +250,7 @@ func (g *Generator) reserve(ctx context.Context, n int) (int64, int64, error) {
 				f()
 			}
 			if now == MaxTimestamp {
-				return 0, 0, errors.Wrap(ErrEpochExhausted, "the last millisecond's sequences are used up")
+				return 0, 0, fmt.Errorf("the last millisecond's sequences are used up: %w", ErrEpochExhausted)
 			}
 			if err := g.waitFor(ctx, now+1, ErrSequenceExhausted); err != nil {
 				return 0, 0, err
@@ -266,7 +260,7 @@ func (g *Generator) reserve(ctx context.Context, n int) (int64, int64, error) {
 			back := time.Duration(last-now) * time.Millisecond
 			g.noteRollback(back)
 			if back > g.cfg.MaxRollbackWait {
-				return 0, 0, errors.Wrapf(ErrClockMovedBack, "clock is %v behind the last millisecond used; limit %v", back, g.cfg.MaxRollbackWait)
+				return 0, 0, fmt.Errorf("clock is %v behind the last millisecond used; limit %v: %w", back, g.cfg.MaxRollbackWait, ErrClockMovedBack)
 			}
 			if err := g.waitFor(ctx, last, ErrClockMovedBack); err != nil {
 				return 0, 0, err
@@ -287,14 +281,30 @@ func (g *Generator) reserve(ctx context.Context, n int) (int64, int64, error) {
 // waitFor sleeps until the clock reaches millisecond ms, unless ctx's
 // deadline comes first, in which case it fails at once with kind.
 func (g *Generator) waitFor(ctx context.Context, ms int64, kind error) error {
-	d := MsTime(ms).Sub(g.cfg.Clock.Now())
+	d := MsTime(ms).Sub(g.now())
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
-		return errors.Wrapf(kind, "would wait %v, context deadline is in %v", d, time.Until(dl))
+		return fmt.Errorf("would wait %v, context deadline is in %v: %w", d, time.Until(dl), kind)
 	}
-	if err := clock.Sleep(ctx, d); err != nil {
-		return errors.Wrapf(kind, "waiting %v: %v", d, err)
+	if err := sleep(ctx, d); err != nil {
+		return fmt.Errorf("waiting %v: %v: %w", d, err, kind)
 	}
 	return nil
+}
+
+// sleep waits for d or until ctx is done, whichever is first, and returns
+// ctx.Err() in the second case.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func (g *Generator) noteRollback(back time.Duration) {
@@ -337,7 +347,7 @@ func (g *Generator) extend(ms int64) error {
 	}
 	next := min(ms+int64(g.cfg.Window/time.Millisecond), MaxTimestamp)
 	if err := g.cfg.HighWater.Store(next); err != nil {
-		err = errors.Wrapf(ErrPersist, "ceiling %d: %v", next, err)
+		err = fmt.Errorf("ceiling %d: %v: %w", next, err, ErrPersist)
 		g.persistErr.Store(&err)
 		if ms > g.ceiling.Load() {
 			return err
@@ -352,7 +362,7 @@ func (g *Generator) extend(ms int64) error {
 
 func (g *Generator) warnEpoch() {
 	if f := g.cfg.OnEpochWarning; f != nil {
-		if r := RemainingLife(g.cfg.Clock.Now()); r < g.cfg.EpochWarning {
+		if r := RemainingLife(g.now()); r < g.cfg.EpochWarning {
 			f(r)
 		}
 	}
@@ -370,12 +380,12 @@ func (g *Generator) Health() error {
 		return *p
 	}
 	old := g.state.Load()
-	now := MsSince(g.cfg.Clock.Now())
+	now := MsSince(g.now())
 	if now > MaxTimestamp {
 		return ErrEpochExhausted
 	}
 	if last := old >> SequenceBits; old >= g.startL && now < last {
-		return errors.Wrapf(ErrClockMovedBack, "clock is %v behind the last millisecond used", time.Duration(last-now)*time.Millisecond)
+		return fmt.Errorf("clock is %v behind the last millisecond used: %w", time.Duration(last-now)*time.Millisecond, ErrClockMovedBack)
 	}
 	return nil
 }
@@ -398,7 +408,7 @@ func (g *Generator) Stats() Stats {
 		LastRollback:      time.Duration(g.lastRollback.Load()),
 		MaxRollback:       time.Duration(g.maxRollback.Load()),
 		CeilingMs:         g.ceiling.Load(),
-		RemainingLife:     RemainingLife(g.cfg.Clock.Now()),
+		RemainingLife:     RemainingLife(g.now()),
 	}
 }
 

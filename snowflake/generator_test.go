@@ -2,6 +2,7 @@ package snowflake
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"path/filepath"
 	"sync"
@@ -9,8 +10,6 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
-
-	"github.com/cockroachdb/errors"
 )
 
 // shiftClock is the (possibly fake) system clock plus an adjustable offset.
@@ -30,25 +29,31 @@ func (c *shiftClock) setMs(ms int64) *shiftClock {
 // boundary inside a synctest bubble).
 func clockAt(ms int64) *shiftClock { return new(shiftClock).setMs(ms) }
 
-func newGen(t *testing.T, cfg Config) *Generator {
+// newGen builds a generator that reads clk (nil: time.Now) and, when cfg has
+// none, keeps its ceiling in memory.
+func newGen(t *testing.T, clk *shiftClock, cfg Config) *Generator {
 	t.Helper()
 	if cfg.HighWater == nil {
 		cfg.HighWater = NewMemHighWater()
 	}
-	g, err := NewGenerator(cfg)
+	now := time.Now
+	if clk != nil {
+		now = clk.Now
+	}
+	g, err := newGenerator(cfg, now)
 	if err != nil {
 		t.Fatalf("NewGenerator: %v", err)
 	}
 	return g
 }
 
-// SPEC validation 1: frozen time, 4,096 IDs in one ms, all unique; the
+// docs/design.md validation case 1: frozen time, 4,096 IDs in one ms, all unique; the
 // 4,097th fails fast with a short deadline and otherwise waits for the next ms.
 func TestFrozenMillisecond(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const ms = 1_000_000
 		exhausted := 0
-		g := newGen(t, Config{Region: 2, Worker: 7, Clock: clockAt(ms), OnSequenceExhausted: func() { exhausted++ }})
+		g := newGen(t, clockAt(ms), Config{Region: 2, Worker: 7, OnSequenceExhausted: func() { exhausted++ }})
 		ctx := context.Background()
 		seen := make(map[ID]bool, 4096)
 		for i := 0; i < 4096; i++ {
@@ -90,9 +95,9 @@ func TestFrozenMillisecond(t *testing.T) {
 	})
 }
 
-// SPEC validation 2: concurrent callers never share an ID (run with -race).
+// docs/design.md validation case 2: concurrent callers never share an ID (run with -race).
 func TestConcurrentUnique(t *testing.T) {
-	g := newGen(t, Config{Region: 1, Worker: 1})
+	g := newGen(t, nil, Config{Region: 1, Worker: 1})
 	const goroutines, each = 8, 20_000
 	out := make([][]ID, goroutines)
 	var wg sync.WaitGroup
@@ -134,7 +139,7 @@ func TestConcurrentUnique(t *testing.T) {
 	}
 }
 
-// SPEC validation 3: rollbacks of 1, 5 and 2,000 ms.
+// docs/design.md validation case 3: rollbacks of 1, 5 and 2,000 ms.
 func TestClockRollback(t *testing.T) {
 	for _, tc := range []struct {
 		back     time.Duration
@@ -148,7 +153,7 @@ func TestClockRollback(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				clk := clockAt(5_000_000)
 				var alerted []time.Duration
-				g := newGen(t, Config{Clock: clk, OnClockRollback: func(d time.Duration) { alerted = append(alerted, d) }})
+				g := newGen(t, clk, Config{OnClockRollback: func(d time.Duration) { alerted = append(alerted, d) }})
 				before, err := g.Next(context.Background())
 				if err != nil {
 					t.Fatal(err)
@@ -204,12 +209,12 @@ func TestClockRollback(t *testing.T) {
 	}
 }
 
-// SPEC validation 7: at 2^41-1 the next millisecond is rejected, and the
+// docs/design.md validation case 7: at 2^41-1 the next millisecond is rejected, and the
 // epoch warning fires.
 func TestEpochEnd(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var warned time.Duration = -1
-		g := newGen(t, Config{Clock: clockAt(MaxTimestamp), OnEpochWarning: func(r time.Duration) { warned = r }})
+		g := newGen(t, clockAt(MaxTimestamp), Config{OnEpochWarning: func(r time.Duration) { warned = r }})
 		if warned < 0 || warned > time.Millisecond {
 			t.Fatalf("epoch warning got %v, want <= 1ms remaining", warned)
 		}
@@ -232,7 +237,7 @@ func TestEpochEnd(t *testing.T) {
 		if !errors.Is(g.Health(), ErrEpochExhausted) {
 			t.Fatalf("Health = %v", g.Health())
 		}
-		if _, err := NewGenerator(Config{HighWater: NewMemHighWater(), Clock: clockAt(MaxTimestamp + 1)}); !errors.Is(err, ErrEpochExhausted) {
+		if _, err := newGenerator(Config{HighWater: NewMemHighWater()}, clockAt(MaxTimestamp+1).Now); !errors.Is(err, ErrEpochExhausted) {
 			t.Fatalf("NewGenerator past the end: %v", err)
 		}
 	})
@@ -242,12 +247,12 @@ func TestEpochWarningYearsAhead(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		fired := false
 		end := MsSince(EndOfLife())
-		newGen(t, Config{Clock: clockAt(end - int64(4*365*24*time.Hour/time.Millisecond)), OnEpochWarning: func(time.Duration) { fired = true }})
+		newGen(t, clockAt(end-int64(4*365*24*time.Hour/time.Millisecond)), Config{OnEpochWarning: func(time.Duration) { fired = true }})
 		if !fired {
 			t.Fatal("4 years before the end, the default 5-year warning must fire")
 		}
 		fired = false
-		newGen(t, Config{Clock: clockAt(1000), OnEpochWarning: func(time.Duration) { fired = true }})
+		newGen(t, clockAt(1000), Config{OnEpochWarning: func(time.Duration) { fired = true }})
 		if fired {
 			t.Fatal("warning fired 69 years early")
 		}
@@ -261,7 +266,7 @@ func TestRestartAfterCrashWithClockBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "hwm")
 		clk := clockAt(9_000_000)
-		g1 := newGen(t, Config{HighWater: NewFileHighWater(path), Clock: clk})
+		g1 := newGen(t, clk, Config{HighWater: NewFileHighWater(path)})
 		var last ID
 		for i := 0; i < 50; i++ {
 			id, err := g1.Next(context.Background())
@@ -279,10 +284,10 @@ func TestRestartAfterCrashWithClockBack(t *testing.T) {
 		// g1 "crashes": dropped without Close.
 
 		back := clockAt(clk.ms() - 2000)
-		if _, err := NewGenerator(Config{HighWater: NewFileHighWater(path), Clock: back}); !errors.Is(err, ErrClockBehindHighWater) {
+		if _, err := newGenerator(Config{HighWater: NewFileHighWater(path)}, back.Now); !errors.Is(err, ErrClockBehindHighWater) {
 			t.Fatalf("restart 2 s back: %v, want ErrClockBehindHighWater", err)
 		}
-		g2 := newGen(t, Config{HighWater: NewFileHighWater(path), Clock: back, StartupWait: 10 * time.Second})
+		g2 := newGen(t, back, Config{HighWater: NewFileHighWater(path), StartupWait: 10 * time.Second})
 		short, cancel := context.WithTimeout(context.Background(), time.Second)
 		_, err = g2.Next(short)
 		cancel()
@@ -303,14 +308,14 @@ func TestRestartWithinWindowWaits(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := NewMemHighWater()
 		clk := clockAt(42_000)
-		g1 := newGen(t, Config{HighWater: store, Clock: clk})
+		g1 := newGen(t, clk, Config{HighWater: store})
 		first, _ := g1.Next(context.Background())
-		g2 := newGen(t, Config{HighWater: store, Clock: clk})
+		g2 := newGen(t, clk, Config{HighWater: store})
 		id, err := g2.Next(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if id.Ms() <= first.Ms()+int64(DefaultWindow/time.Millisecond)-1 {
+		if id.Ms() <= first.Ms()+int64(defaultWindow/time.Millisecond)-1 {
 			t.Fatalf("restart minted ms %d inside the old window starting %d", id.Ms(), first.Ms())
 		}
 	})
@@ -330,9 +335,9 @@ func TestCorruptHighWaterRefusesToStart(t *testing.T) {
 // be written the generator stops at the durable ceiling.
 func TestCeilingPersistence(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := NewMemHighWater()
+		store := new(flakyHighWater)
 		clk := clockAt(77_000)
-		g := newGen(t, Config{HighWater: store, Clock: clk, Window: 100 * time.Millisecond})
+		g := newGen(t, clk, Config{HighWater: store, Window: 100 * time.Millisecond})
 		for i := 0; i < 1000; i++ { // 1 s of minting, 40 IDs per ms
 			for j := 0; j < 40; j++ {
 				if _, err := g.Next(context.Background()); err != nil {
@@ -342,10 +347,10 @@ func TestCeilingPersistence(t *testing.T) {
 			time.Sleep(time.Millisecond)
 			synctest.Wait()
 		}
-		if n := store.Stores(); n < 10 || n > 25 {
+		if n := store.stores(); n < 10 || n > 25 {
 			t.Fatalf("%d ceiling writes for 40,000 IDs over 1 s with a 100 ms window, want ~20", n)
 		}
-		store.SetFail(errors.New("disk full"))
+		store.setFail(errors.New("disk full"))
 		var last ID
 		for {
 			id, err := g.Next(context.Background())
@@ -365,7 +370,7 @@ func TestCeilingPersistence(t *testing.T) {
 		if !errors.Is(g.Health(), ErrPersist) {
 			t.Fatalf("Health = %v, want ErrPersist", g.Health())
 		}
-		store.SetFail(nil)
+		store.setFail(nil)
 		if _, err := g.Next(context.Background()); err != nil {
 			t.Fatalf("after the store recovers: %v", err)
 		}
@@ -377,7 +382,7 @@ func TestStrictlyIncreasingUnderClockChaos(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rng := rand.New(rand.NewPCG(1, 2))
 		clk := clockAt(3_000_000)
-		g := newGen(t, Config{Clock: clk, StartupWait: time.Hour})
+		g := newGen(t, clk, Config{StartupWait: time.Hour})
 		var last ID
 		minted := 0
 		for i := 0; i < 20_000; i++ {
@@ -434,7 +439,7 @@ func TestConfigValidation(t *testing.T) {
 }
 
 func TestClose(t *testing.T) {
-	g := newGen(t, Config{})
+	g := newGen(t, nil, Config{})
 	g.Close()
 	if _, err := g.Next(context.Background()); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Next after Close: %v", err)
@@ -442,7 +447,7 @@ func TestClose(t *testing.T) {
 }
 
 func TestNextNCountsAndAllocs(t *testing.T) {
-	g := newGen(t, Config{})
+	g := newGen(t, nil, Config{})
 	if _, err := g.NextN(context.Background(), 0); err == nil {
 		t.Fatal("NextN(0) must fail")
 	}

@@ -1,14 +1,13 @@
 package snowflake
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-
-	"github.com/cockroachdb/errors"
 )
 
 // HighWaterStore persists a generator's timestamp ceiling: the highest
@@ -24,9 +23,10 @@ type HighWaterStore interface {
 	Store(ms int64) error
 }
 
-// ErrHighWaterCorrupt: the persisted high-water mark cannot be decoded. The
-// generator refuses to start rather than guess.
-var ErrHighWaterCorrupt = errors.New("snowflake: high-water mark is corrupt")
+var (
+	_ HighWaterStore = (*FileHighWater)(nil)
+	_ HighWaterStore = (*MemHighWater)(nil)
+)
 
 // errLowered is returned by stores asked to move the ceiling down.
 var errLowered = errors.New("snowflake: high-water mark may only grow")
@@ -34,29 +34,29 @@ var errLowered = errors.New("snowflake: high-water mark may only grow")
 // highWaterHeader starts the one-line file format "idrange-hwm v1 <ms>\n".
 const highWaterHeader = "idrange-hwm v1 "
 
-// EncodeHighWater is the file form of a ceiling.
-func EncodeHighWater(ms int64) []byte {
+// encodeHighWater is FileHighWater's file form of a ceiling.
+func encodeHighWater(ms int64) []byte {
 	return []byte(highWaterHeader + strconv.FormatInt(ms, 10) + "\n")
 }
 
-// DecodeHighWater parses the file form strictly: header, decimal ms in
+// decodeHighWater parses the file form strictly: header, decimal ms in
 // 0..MaxTimestamp, one newline, nothing else.
-func DecodeHighWater(b []byte) (int64, error) {
+func decodeHighWater(b []byte) (int64, error) {
 	s := string(b)
 	rest, ok := strings.CutPrefix(s, highWaterHeader)
 	if !ok {
-		return 0, errors.Wrapf(ErrHighWaterCorrupt, "missing header %q", highWaterHeader)
+		return 0, fmt.Errorf("missing header %q: %w", highWaterHeader, ErrHighWaterCorrupt)
 	}
 	digits, ok := strings.CutSuffix(rest, "\n")
 	if !ok || digits == "" || strings.ContainsAny(digits, "\n+- ") {
-		return 0, errors.Wrapf(ErrHighWaterCorrupt, "malformed value %q", rest)
+		return 0, fmt.Errorf("malformed value %q: %w", rest, ErrHighWaterCorrupt)
 	}
 	ms, err := strconv.ParseInt(digits, 10, 64)
 	if err != nil {
-		return 0, errors.Wrapf(ErrHighWaterCorrupt, "value %q is not a decimal integer", digits)
+		return 0, fmt.Errorf("value %q is not a decimal integer: %w", digits, ErrHighWaterCorrupt)
 	}
 	if ms < 0 || ms > MaxTimestamp {
-		return 0, errors.Wrapf(ErrHighWaterCorrupt, "value %d not in 0..%d", ms, int64(MaxTimestamp))
+		return 0, fmt.Errorf("value %d not in 0..%d: %w", ms, int64(MaxTimestamp), ErrHighWaterCorrupt)
 	}
 	return ms, nil
 }
@@ -83,11 +83,11 @@ func (f *FileHighWater) Load() (int64, bool, error) {
 		return 0, false, nil
 	}
 	if err != nil {
-		return 0, false, errors.Wrapf(err, "read high-water file %s", f.path)
+		return 0, false, fmt.Errorf("read high-water file %s: %w", f.path, err)
 	}
-	ms, err := DecodeHighWater(b)
+	ms, err := decodeHighWater(b)
 	if err != nil {
-		return 0, false, errors.Wrapf(err, "high-water file %s", f.path)
+		return 0, false, fmt.Errorf("high-water file %s: %w", f.path, err)
 	}
 	f.last = max(f.last, ms)
 	return ms, true, nil
@@ -98,57 +98,48 @@ func (f *FileHighWater) Store(ms int64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if ms < f.last {
-		return errors.Wrapf(errLowered, "store %d below %d in %s", ms, f.last, f.path)
+		return fmt.Errorf("store %d below %d in %s: %w", ms, f.last, f.path, errLowered)
 	}
 	dir := filepath.Dir(f.path)
 	tmp, err := os.CreateTemp(dir, filepath.Base(f.path)+".tmp*")
 	if err != nil {
-		return errors.Wrap(err, "create temporary high-water file")
+		return fmt.Errorf("create temporary high-water file: %w", err)
 	}
 	defer os.Remove(tmp.Name()) // no-op after a successful rename
-	if _, err := tmp.Write(EncodeHighWater(ms)); err != nil {
+	if _, err := tmp.Write(encodeHighWater(ms)); err != nil {
 		tmp.Close()
-		return errors.Wrap(err, "write high-water file")
+		return fmt.Errorf("write high-water file: %w", err)
 	}
 	if err := tmp.Sync(); err != nil {
 		tmp.Close()
-		return errors.Wrap(err, "fsync high-water file")
+		return fmt.Errorf("fsync high-water file: %w", err)
 	}
 	if err := tmp.Close(); err != nil {
-		return errors.Wrap(err, "close high-water file")
+		return fmt.Errorf("close high-water file: %w", err)
 	}
 	if err := os.Rename(tmp.Name(), f.path); err != nil {
-		return errors.Wrap(err, "rename high-water file into place")
+		return fmt.Errorf("rename high-water file into place: %w", err)
 	}
 	if d, err := os.Open(dir); err == nil {
 		err = d.Sync()
 		d.Close()
 		if err != nil {
-			return errors.Wrapf(err, "fsync directory %s", dir)
+			return fmt.Errorf("fsync directory %s: %w", dir, err)
 		}
 	} else {
-		return errors.Wrapf(err, "open directory %s", dir)
+		return fmt.Errorf("open directory %s: %w", dir, err)
 	}
 	f.last = ms
 	return nil
 }
 
-// MemHighWater is an in-memory HighWaterStore for tests and for callers whose
-// durability comes from elsewhere (such as an etcd lease + HWM).
+// MemHighWater is an in-memory HighWaterStore, for tests and for callers
+// whose durability comes from elsewhere (such as an etcd lease + HWM): a
+// restarted process forgets it. The zero value is empty and ready to use.
 type MemHighWater struct {
-	mu     sync.Mutex
-	ms     int64
-	ok     bool
-	stores int
-	fail   error
-}
-
-// SetFail makes every later Store return err (nil restores normal
-// operation), to test persistence failures.
-func (m *MemHighWater) SetFail(err error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.fail = err
+	mu sync.Mutex
+	ms int64
+	ok bool
 }
 
 // NewMemHighWater returns an empty in-memory store.
@@ -165,28 +156,9 @@ func (m *MemHighWater) Load() (int64, bool, error) {
 func (m *MemHighWater) Store(ms int64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.fail != nil {
-		return m.fail
-	}
 	if m.ok && ms < m.ms {
-		return errors.Wrapf(errLowered, "store %d below %d", ms, m.ms)
+		return fmt.Errorf("store %d below %d: %w", ms, m.ms, errLowered)
 	}
 	m.ms, m.ok = ms, true
-	m.stores++
 	return nil
-}
-
-// Stores counts successful Store calls (to check that minting does not write
-// per ID).
-func (m *MemHighWater) Stores() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.stores
-}
-
-// String describes the store for logs.
-func (m *MemHighWater) String() string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return fmt.Sprintf("mem-hwm(ms=%d ok=%v)", m.ms, m.ok)
 }
