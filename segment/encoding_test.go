@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/cockroachdb/errors"
+	"errors"
 
 	"github.com/idrange/idrange/segment"
 )

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/errors"
+	"errors"
 
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
