@@ -35,6 +35,11 @@ type StoreConfig struct {
 	// Now is the service clock grants are computed with. Default time.Now.
 	// Uniqueness never depends on it; freshness does.
 	Now func() time.Time
+	// FirstCode picks the worker code Acquire tries first in region (it
+	// then tries the next ones, wrapping at 256). Default: a random code,
+	// which spreads concurrent acquirers over the region. A fixed choice
+	// (the in-memory test service uses 0) makes tests reproducible.
+	FirstCode func(region int) int
 	// OpTimeout bounds each storage call. Default DefaultOpTimeout.
 	OpTimeout time.Duration
 	// MaxConflicts bounds failed grant transactions per Allocate. Default
@@ -54,6 +59,9 @@ func (c StoreConfig) withDefaults() StoreConfig {
 	c.Policy = c.Policy.WithDefaults()
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.FirstCode == nil {
+		c.FirstCode = func(int) int { return rand.IntN(snowflake.MaxWorker + 1) }
 	}
 	if c.OpTimeout == 0 {
 		c.OpTimeout = DefaultOpTimeout
@@ -230,7 +238,7 @@ func (s *Store) acquire(ctx context.Context, region int, owner string) (Lease, e
 			return Lease{}, fmt.Errorf("region %d: all %d codes leased (%d unusable: corrupt high-water mark): %w",
 				region, snowflake.MaxWorker+1, free.corrupt, ErrNoFreeCode)
 		}
-		start := rand.IntN(snowflake.MaxWorker + 1)
+		start := s.cfg.FirstCode(region) & snowflake.MaxWorker
 		for i := 0; i <= snowflake.MaxWorker; i++ {
 			w := (start + i) % (snowflake.MaxWorker + 1)
 			hwmRev, ok := free.hwmRev[w]

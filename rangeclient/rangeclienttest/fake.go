@@ -98,6 +98,9 @@ func New(opts Options) *Service {
 		LeaseTTL: opts.TTL,
 		Policy:   segment.Policy{MaxBlock: int64(opts.MaxBlock), MaxLead: opts.MaxLead},
 		Now:      s.Now,
+		// Lowest free code first, so tests know which code a client gets
+		// (production starts at a random one).
+		FirstCode: func(int) int { return 0 },
 	})
 	if err != nil {
 		panic(fmt.Sprintf("rangeclienttest: %v", err))
