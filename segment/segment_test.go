@@ -65,7 +65,11 @@ func TestBlockCheck(t *testing.T) {
 		}
 	}
 	// The last unit of the epoch is a valid block.
-	last := with(func(b *segment.Block) { b.Lo = segment.EndL - 1; b.Hi = segment.EndL; b.ValidUntil = segment.ValidUntil(b.Hi) })
+	last := with(func(b *segment.Block) {
+		b.Lo = segment.EndL - 1
+		b.Hi = segment.EndL
+		b.ValidUntil = segment.ValidUntil(b.Hi)
+	})
 	if err := last.Check(l, 1); err != nil {
 		t.Errorf("Check(last unit) = %v", err)
 	}
