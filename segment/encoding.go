@@ -3,18 +3,17 @@ package segment
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/cockroachdb/errors"
-
 	"github.com/idrange/idrange/snowflake"
 )
 
-// Values stored in etcd are versioned and decoded strictly: anything that is
+// Values in storage are versioned and decoded strictly: anything that is
 // not exactly what this version writes is ErrCorrupt, never a default. A
 // corrupt high-water mark read as 0 would re-issue used space.
 
@@ -35,19 +34,19 @@ func EncodeHighWater(hwm int64) string {
 func DecodeHighWater(b []byte) (int64, error) {
 	s, ok := strings.CutPrefix(string(b), hwmPrefix)
 	if !ok {
-		return 0, errors.Wrapf(ErrCorrupt, "high-water mark %q: not a %q value", clip(b), hwmPrefix)
+		return 0, fmt.Errorf("high-water mark %q: not a %q value: %w", clip(b), hwmPrefix, ErrCorrupt)
 	}
 	if s == "" || len(s) > 19 || (len(s) > 1 && s[0] == '0') {
-		return 0, errors.Wrapf(ErrCorrupt, "high-water mark %q: not a canonical decimal", clip(b))
+		return 0, fmt.Errorf("high-water mark %q: not a canonical decimal: %w", clip(b), ErrCorrupt)
 	}
 	for i := 0; i < len(s); i++ {
 		if s[i] < '0' || s[i] > '9' {
-			return 0, errors.Wrapf(ErrCorrupt, "high-water mark %q: not a canonical decimal", clip(b))
+			return 0, fmt.Errorf("high-water mark %q: not a canonical decimal: %w", clip(b), ErrCorrupt)
 		}
 	}
 	v, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || v > EndL {
-		return 0, errors.Wrapf(ErrCorrupt, "high-water mark %q: not in 0..%d", clip(b), EndL)
+		return 0, fmt.Errorf("high-water mark %q: not in 0..%d: %w", clip(b), EndL, ErrCorrupt)
 	}
 	return v, nil
 }
@@ -85,40 +84,51 @@ func DecodeOwnerRecord(b []byte) (OwnerRecord, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&r); err != nil {
-		return OwnerRecord{}, errors.Wrapf(ErrCorrupt, "owner record %q: %v", clip(b), err)
+		return OwnerRecord{}, fmt.Errorf("owner record %q: %v: %w", clip(b), err, ErrCorrupt)
 	}
 	if r.Encode() != string(b) {
-		return OwnerRecord{}, errors.Wrapf(ErrCorrupt, "owner record %q: not in canonical form", clip(b))
+		return OwnerRecord{}, fmt.Errorf("owner record %q: not in canonical form: %w", clip(b), ErrCorrupt)
 	}
 	switch {
 	case r.Version != ownerRecordVersion:
-		return OwnerRecord{}, errors.Wrapf(ErrCorrupt, "owner record %q: version %d, want %d", clip(b), r.Version, ownerRecordVersion)
+		return OwnerRecord{}, fmt.Errorf("owner record %q: version %d, want %d: %w", clip(b), r.Version, ownerRecordVersion, ErrCorrupt)
 	case r.Region < 0 || r.Region > snowflake.MaxRegion:
-		return OwnerRecord{}, errors.Wrapf(ErrCorrupt, "owner record %q: region %d out of range", clip(b), r.Region)
+		return OwnerRecord{}, fmt.Errorf("owner record %q: region %d out of range: %w", clip(b), r.Region, ErrCorrupt)
 	case r.Worker < 0 || r.Worker > snowflake.MaxWorker:
-		return OwnerRecord{}, errors.Wrapf(ErrCorrupt, "owner record %q: worker %d out of range", clip(b), r.Worker)
+		return OwnerRecord{}, fmt.Errorf("owner record %q: worker %d out of range: %w", clip(b), r.Worker, ErrCorrupt)
 	case r.LeaseID == 0:
-		return OwnerRecord{}, errors.Wrapf(ErrCorrupt, "owner record %q: no lease id", clip(b))
+		return OwnerRecord{}, fmt.Errorf("owner record %q: no lease id: %w", clip(b), ErrCorrupt)
 	case r.AcquiredUnixMs <= 0:
-		return OwnerRecord{}, errors.Wrapf(ErrCorrupt, "owner record %q: acquired time %d", clip(b), r.AcquiredUnixMs)
+		return OwnerRecord{}, fmt.Errorf("owner record %q: acquired time %d: %w", clip(b), r.AcquiredUnixMs, ErrCorrupt)
 	}
-	if err := validOwner(r.Owner); err != nil {
-		return OwnerRecord{}, errors.Wrapf(ErrCorrupt, "owner record %q: %v", clip(b), err)
+	if err := checkOwner(r.Owner); err != nil {
+		return OwnerRecord{}, fmt.Errorf("owner record %q: %v: %w", clip(b), err, ErrCorrupt)
 	}
 	return r, nil
 }
 
-// validOwner accepts printable UTF-8 of at most MaxOwnerLen bytes.
-func validOwner(s string) error {
+// ValidateOwner is the rule for the free-text owner of a lease (shown to
+// operators): printable UTF-8 of at most MaxOwnerLen bytes. The error wraps
+// ErrInvalid and names the owner.
+func ValidateOwner(s string) error {
+	if err := checkOwner(s); err != nil {
+		return fmt.Errorf("%v: %w", err, ErrInvalid)
+	}
+	return nil
+}
+
+// checkOwner is ValidateOwner without a sentinel, so a stored record that
+// breaks the rule can be reported as ErrCorrupt instead.
+func checkOwner(s string) error {
 	if len(s) > MaxOwnerLen {
-		return errors.Newf("owner is %d bytes, more than %d", len(s), MaxOwnerLen)
+		return fmt.Errorf("owner is %d bytes, more than %d", len(s), MaxOwnerLen)
 	}
 	if !utf8.ValidString(s) {
 		return errors.New("owner is not valid UTF-8")
 	}
 	for _, r := range s {
 		if !unicode.IsPrint(r) {
-			return errors.Newf("owner contains the non-printable character %U", r)
+			return fmt.Errorf("owner contains the non-printable character %U", r)
 		}
 	}
 	return nil
@@ -131,44 +141,4 @@ func clip(b []byte) string {
 		return string(b[:n]) + "..."
 	}
 	return string(b)
-}
-
-// Key layout under a prefix P (default DefaultPrefix):
-//
-//	P + "r<region>/lease/<worker, 3 digits>"   owner record, attached to the etcd lease
-//	P + "r<region>/hwm/<worker, 3 digits>"     high-water mark, no lease (forever)
-//	P + "r<region>/contend/<worker, 3 digits>" contention signal (value unused)
-type keys struct{ prefix string }
-
-func (k keys) contend(region, worker int) string {
-	return fmt.Sprintf("%sr%d/contend/%03d", k.prefix, region, worker)
-}
-
-func (k keys) leasePrefix(region int) string { return fmt.Sprintf("%sr%d/lease/", k.prefix, region) }
-func (k keys) hwmPrefix(region int) string   { return fmt.Sprintf("%sr%d/hwm/", k.prefix, region) }
-func (k keys) lease(region, worker int) string {
-	return fmt.Sprintf("%s%03d", k.leasePrefix(region), worker)
-}
-func (k keys) hwm(region, worker int) string {
-	return fmt.Sprintf("%s%03d", k.hwmPrefix(region), worker)
-}
-
-// workerOf parses the worker code at the end of a key listed under prefix;
-// ok is false for any key this layout does not produce.
-func workerOf(key []byte, prefix string) (int, bool) {
-	s, found := strings.CutPrefix(string(key), prefix)
-	if !found || len(s) != 3 {
-		return 0, false
-	}
-	w := 0
-	for i := 0; i < 3; i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return 0, false
-		}
-		w = w*10 + int(s[i]-'0')
-	}
-	if w > snowflake.MaxWorker {
-		return 0, false
-	}
-	return w, true
 }

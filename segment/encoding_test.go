@@ -1,11 +1,10 @@
 package segment_test
 
 import (
+	"errors"
 	"math/rand/v2"
 	"strconv"
 	"testing"
-
-	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/segment"
 )

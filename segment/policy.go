@@ -1,9 +1,8 @@
 package segment
 
 import (
+	"fmt"
 	"time"
-
-	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/snowflake"
 )
@@ -66,11 +65,11 @@ func (p Policy) WithDefaults() Policy {
 func (p Policy) Validate() error {
 	switch {
 	case p.MaxBlock < 1 || p.MaxBlock > maxMaxBlock:
-		return errors.Wrapf(ErrInvalid, "policy MaxBlock %d not in 1..%d", p.MaxBlock, maxMaxBlock)
+		return fmt.Errorf("policy MaxBlock %d not in 1..%d: %w", p.MaxBlock, maxMaxBlock, ErrInvalid)
 	case p.MaxLead < time.Millisecond || p.MaxLead > maxMaxLead:
-		return errors.Wrapf(ErrInvalid, "policy MaxLead %v not in 1ms..%v", p.MaxLead, maxMaxLead)
+		return fmt.Errorf("policy MaxLead %v not in 1ms..%v: %w", p.MaxLead, maxMaxLead, ErrInvalid)
 	case p.MaxLead%time.Millisecond != 0:
-		return errors.Wrapf(ErrInvalid, "policy MaxLead %v is not a whole number of milliseconds", p.MaxLead)
+		return fmt.Errorf("policy MaxLead %v is not a whole number of milliseconds: %w", p.MaxLead, ErrInvalid)
 	}
 	return nil
 }
@@ -116,12 +115,12 @@ func (p Policy) PlanMs(hwm, nowMs, n int64) (lo, hi int64, err error) {
 	}
 	switch {
 	case n < 1 || n > p.MaxBlock:
-		return 0, 0, errors.Wrapf(ErrInvalid, "count %d not in 1..%d", n, p.MaxBlock)
+		return 0, 0, fmt.Errorf("count %d not in 1..%d: %w", n, p.MaxBlock, ErrInvalid)
 	case hwm < 0 || hwm > EndL:
-		return 0, 0, errors.Wrapf(ErrInvalid, "high-water mark %d not in 0..%d", hwm, EndL)
+		return 0, 0, fmt.Errorf("high-water mark %d not in 0..%d: %w", hwm, EndL, ErrInvalid)
 	case nowMs > snowflake.MaxTimestamp:
-		return 0, 0, errors.Wrapf(ErrEpochExhausted, "service time %d ms is past the last timestamp %d ms",
-			nowMs, int64(snowflake.MaxTimestamp))
+		return 0, 0, fmt.Errorf("service time %d ms is past the last timestamp %d ms: %w",
+			nowMs, int64(snowflake.MaxTimestamp), ErrEpochExhausted)
 	}
 	// A clock decades before the epoch is clamped: it only changes how long
 	// RetryAfter says, never where a block starts (Lo >= hwm regardless).
@@ -130,7 +129,7 @@ func (p Policy) PlanMs(hwm, nowMs, n int64) (lo, hi int64, err error) {
 	}
 	lo = max(hwm, nowMs<<snowflake.SequenceBits, 1)
 	if lo >= EndL {
-		return 0, 0, errors.Wrapf(ErrEpochExhausted, "code's next position %d is at the end of the epoch", lo)
+		return 0, 0, fmt.Errorf("code's next position %d is at the end of the epoch: %w", lo, ErrEpochExhausted)
 	}
 	leadMs := p.MaxLead.Milliseconds()
 	limit := (nowMs + leadMs) << snowflake.SequenceBits

@@ -1,12 +1,11 @@
 package segment_test
 
 import (
+	"errors"
 	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"

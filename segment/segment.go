@@ -1,6 +1,13 @@
 // Package segment defines blocks of (timestamp, sequence) space and the rules
 // by which the range service grants them to fenced worker codes.
 //
+// The package is the domain only: Lease, Block, Policy (the grant rule), the
+// sentinel errors, the stored value encodings and the grant loop (Store),
+// which runs over a small Storage interface of versioned bytes. The etcd
+// implementation of Storage is segment/etcdstore, an in-memory one is
+// segment/memstore; segment itself imports neither etcd nor any non-standard
+// error library.
+//
 // For one worker code c = (region, worker) the space is numbered linearly:
 //
 //	L = ms<<12 | seq      (ms since snowflake.Epoch, seq in 0..4095)
@@ -10,16 +17,16 @@
 //
 // The grant rule: for a request of n IDs on code c at service time now,
 // Lo = max(HWM[c], now<<12), Hi = Lo + n' (n' sized by policy), and HWM[c] = Hi
-// is committed to etcd before the block is returned, in one transaction fenced
-// by the caller's token and the HWM key's revision. HWM[c] only grows, so two
+// is committed to storage before the block is returned, in one transaction
+// fenced by the caller's token and the HWM's revision. HWM[c] only grows, so two
 // blocks of one code never overlap, whatever any clock says.
 package segment
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
-
-	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/snowflake"
 )
@@ -31,7 +38,8 @@ var (
 	// lease expired and the code may belong to someone else). Final for that
 	// lease: stop minting and acquire a new lease.
 	ErrFenced = errors.New("segment: fenced: token is not the code's current owner")
-	// ErrLeaseLost: the lease no longer exists in etcd (expired or released).
+	// ErrLeaseLost: the lease no longer exists in the store (expired or
+	// released).
 	// Final for that lease.
 	ErrLeaseLost = errors.New("segment: lease lost")
 	// ErrNoFreeCode: every worker code of the region is leased. Retryable.
@@ -40,13 +48,14 @@ var (
 	// (the code is at its 4,096 IDs/ms limit, or the service clock moved
 	// back). Retryable after Backpressure.RetryAfter.
 	ErrBackpressure = errors.New("segment: code is ahead of service time; retry later")
-	// ErrCorrupt: a value in etcd does not decode. Grants for that code stop
+	// ErrCorrupt: a stored value does not decode. Grants for that code stop
 	// until an operator repairs it; it is never treated as zero.
 	ErrCorrupt = errors.New("segment: corrupt value in store")
 	// ErrInvalid: a request field is out of range.
 	ErrInvalid = errors.New("segment: invalid request")
 	// ErrUnavailable: the store (etcd) could not be reached or did not answer
-	// in time; the outcome of a write may be unknown. Retryable.
+	// in time; the outcome of a write may be unknown. Retryable. Errors
+	// wrapping it usually wrap the cause too (errors.Is sees both).
 	ErrUnavailable = errors.New("segment: store unavailable")
 	// ErrEpochExhausted: the block would run past snowflake.MaxTimestamp.
 	ErrEpochExhausted = snowflake.ErrEpochExhausted
@@ -66,15 +75,36 @@ func (b *Backpressure) Error() string {
 func (b *Backpressure) Is(target error) bool { return target == ErrBackpressure }
 
 // Lease is one owner's hold on one worker code. Token strictly grows with
-// every new owner of the code (it is the etcd CreateRevision of the lease key).
+// every new owner of the code (it is the storage revision that created the
+// owner record: the etcd CreateRevision of the lease key).
 type Lease struct {
-	Region  int
-	Worker  int
-	Token   int64
+	Region int
+	Worker int
+	Token  int64
+	// LeaseID is the storage's TTL lease the owner record is attached to.
+	// etcd lease ids are positive int64s, so 0 and negatives are invalid.
 	LeaseID int64
 	// TTL is the lease time granted by etcd at acquisition or renewal. A
 	// client's safety deadline is (time the request was sent) + TTL - margin.
 	TTL time.Duration
+}
+
+// Validate reports the first field of l out of range, wrapping ErrInvalid and
+// naming the field (region, worker, token, lease_id). It checks only what a
+// lease can be checked for without the store: whether the store issued it is
+// the store's question.
+func (l Lease) Validate() error {
+	switch {
+	case l.Region < 0 || l.Region > snowflake.MaxRegion:
+		return fmt.Errorf("region %d not in 0..%d: %w", l.Region, snowflake.MaxRegion, ErrInvalid)
+	case l.Worker < 0 || l.Worker > snowflake.MaxWorker:
+		return fmt.Errorf("worker %d not in 0..%d: %w", l.Worker, snowflake.MaxWorker, ErrInvalid)
+	case l.Token <= 0:
+		return fmt.Errorf("token %d must be positive: %w", l.Token, ErrInvalid)
+	case l.LeaseID <= 0:
+		return fmt.Errorf("lease_id %d must be positive: %w", l.LeaseID, ErrInvalid)
+	}
+	return nil
 }
 
 // Block is [Lo, Hi) of one code's linear space, granted at ServiceTime and
@@ -93,6 +123,37 @@ func (b Block) Len() int64 { return b.Hi - b.Lo }
 // [Lo, Hi); that is the caller's invariant.
 func (b Block) ID(l int64) snowflake.ID {
 	return IDAt(l, b.Region, b.Worker)
+}
+
+// Check reports why b cannot be a grant a correct service made for a
+// request of asked IDs on lease l, wrapping ErrInvalid; nil if it can be. A
+// block that fails it must never be minted from: it could overlap another.
+// The rules: b is for l's code; 1 <= Lo < Hi <= EndL (L 0 is never granted:
+// it would be ID 0 for code 0/0); Hi-Lo <= asked; ServiceTime is set and not
+// before snowflake.Epoch; ValidUntil is after ServiceTime.
+func (b Block) Check(l Lease, asked int64) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("unusable block for code %d/%d: %s: %w", l.Region, l.Worker, fmt.Sprintf(format, args...), ErrInvalid)
+	}
+	switch {
+	case b.Region != l.Region || b.Worker != l.Worker:
+		return bad("block is for code %d/%d", b.Region, b.Worker)
+	case b.Lo < 1:
+		return bad("lo %d < 1", b.Lo)
+	case b.Hi <= b.Lo:
+		return bad("hi %d <= lo %d", b.Hi, b.Lo)
+	case b.Hi > EndL:
+		return bad("hi %d is past the end of the epoch %d", b.Hi, EndL)
+	case b.Hi-b.Lo > asked:
+		return bad("%d IDs, more than the %d asked", b.Hi-b.Lo, asked)
+	case b.ServiceTime.IsZero() || b.ValidUntil.IsZero():
+		return bad("service time or validity missing")
+	case b.ServiceTime.Before(snowflake.Epoch):
+		return bad("service time %v is before the epoch", b.ServiceTime)
+	case !b.ValidUntil.After(b.ServiceTime):
+		return bad("valid until %v is not after service time %v", b.ValidUntil, b.ServiceTime)
+	}
+	return nil
 }
 
 // Allocator is the range service as a client sees it. The etcd-backed

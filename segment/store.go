@@ -2,30 +2,22 @@ package segment
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
 	"time"
 
-	"github.com/cockroachdb/errors"
-	"go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/snowflake"
 )
 
 // Store defaults and limits.
 const (
-	// DefaultPrefix is the etcd key prefix of format version 1.
-	DefaultPrefix = "/idrange/v1/"
-	// DefaultLeaseTTL is the etcd lease TTL asked for at Acquire. etcd may
-	// grant more (its minimum depends on the election timeout); Lease.TTL
-	// says what was granted.
+	// DefaultLeaseTTL is the lease TTL asked of the storage at Acquire.
+	// etcd may grant more (its minimum depends on the election timeout);
+	// Lease.TTL says what was granted.
 	DefaultLeaseTTL = 10 * time.Second
-	// DefaultOpTimeout bounds every single etcd call the Store makes.
+	// DefaultOpTimeout bounds every single storage call the Store makes.
 	DefaultOpTimeout = 3 * time.Second
 	// DefaultMaxConflicts is how many failed grant transactions (lost HWM
 	// races, yields to a contending replica) one Allocate retries before
@@ -35,17 +27,20 @@ const (
 
 // StoreConfig configures a Store. Zero fields take the documented defaults.
 type StoreConfig struct {
-	// Prefix of every key (must end in "/"). Default DefaultPrefix.
-	Prefix string
-	// LeaseTTL asked of etcd at Acquire: whole seconds, 1s..1h. Default
-	// DefaultLeaseTTL.
+	// LeaseTTL asked of the storage at Acquire: whole seconds (etcd leases
+	// are in seconds), 1s..1h. Default DefaultLeaseTTL.
 	LeaseTTL time.Duration
 	// Policy is the grant rule; zero fields take their defaults.
 	Policy Policy
-	// Clock is the service clock grants are computed with. Default
-	// clock.System{}. Uniqueness never depends on it; freshness does.
-	Clock clock.Clock
-	// OpTimeout bounds each etcd call. Default DefaultOpTimeout.
+	// Now is the service clock grants are computed with. Default time.Now.
+	// Uniqueness never depends on it; freshness does.
+	Now func() time.Time
+	// FirstCode picks the worker code Acquire tries first in region (it
+	// then tries the next ones, wrapping at 256). Default: a random code,
+	// which spreads concurrent acquirers over the region. A fixed choice
+	// (the in-memory test service uses 0) makes tests reproducible.
+	FirstCode func(region int) int
+	// OpTimeout bounds each storage call. Default DefaultOpTimeout.
 	OpTimeout time.Duration
 	// MaxConflicts bounds failed grant transactions per Allocate. Default
 	// DefaultMaxConflicts.
@@ -58,15 +53,15 @@ type StoreConfig struct {
 }
 
 func (c StoreConfig) withDefaults() StoreConfig {
-	if c.Prefix == "" {
-		c.Prefix = DefaultPrefix
-	}
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = DefaultLeaseTTL
 	}
 	c.Policy = c.Policy.WithDefaults()
-	if c.Clock == nil {
-		c.Clock = clock.System{}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.FirstCode == nil {
+		c.FirstCode = func(int) int { return rand.IntN(snowflake.MaxWorker + 1) }
 	}
 	if c.OpTimeout == 0 {
 		c.OpTimeout = DefaultOpTimeout
@@ -87,74 +82,33 @@ func (c StoreConfig) withDefaults() StoreConfig {
 func (c StoreConfig) Validate() error {
 	c = c.withDefaults()
 	switch {
-	case c.Prefix[len(c.Prefix)-1] != '/':
-		return errors.Wrapf(ErrInvalid, "store Prefix %q must end in /", c.Prefix)
 	case c.LeaseTTL < time.Second || c.LeaseTTL > time.Hour:
-		return errors.Wrapf(ErrInvalid, "store LeaseTTL %v not in 1s..1h", c.LeaseTTL)
+		return fmt.Errorf("store LeaseTTL %v not in 1s..1h: %w", c.LeaseTTL, ErrInvalid)
 	case c.LeaseTTL%time.Second != 0:
-		return errors.Wrapf(ErrInvalid, "store LeaseTTL %v is not whole seconds (etcd leases are in seconds)", c.LeaseTTL)
+		return fmt.Errorf("store LeaseTTL %v is not whole seconds (etcd leases are in seconds): %w", c.LeaseTTL, ErrInvalid)
 	case c.OpTimeout < 0:
-		return errors.Wrapf(ErrInvalid, "store OpTimeout %v is negative", c.OpTimeout)
+		return fmt.Errorf("store OpTimeout %v is negative: %w", c.OpTimeout, ErrInvalid)
 	case c.MaxConflicts < 1:
-		return errors.Wrapf(ErrInvalid, "store MaxConflicts %d must be >= 1", c.MaxConflicts)
+		return fmt.Errorf("store MaxConflicts %d must be >= 1: %w", c.MaxConflicts, ErrInvalid)
 	}
 	return c.Policy.Validate()
 }
 
-// Observer receives the Store's metric events (the service wires them to
-// Prometheus; segment itself imports no metrics library). Every method must
-// be cheap, non-blocking and safe for concurrent use. Embed NopObserver to
-// implement only some. Events are only reported for requests whose region
-// (and lease fields) are in range, so region and worker are always valid
-// label values; requests rejected as ErrInvalid before touching etcd are
-// not reported.
-type Observer interface {
-	// Granted: a block of size L units was committed; latency covers the
-	// whole Allocate (reads, retries, commit).
-	Granted(region, worker int, size int64, latency time.Duration)
-	// GrantFailed: Allocate returned err (classify with errors.Is).
-	GrantFailed(region, worker int, err error, latency time.Duration)
-	// Conflict: a grant transaction failed its compare because another
-	// replica committed first (or signalled contention) and is retried.
-	Conflict(region, worker int)
-	// Acquired: a code was leased; AcquireFailed: Acquire returned err.
-	Acquired(region, worker int)
-	AcquireFailed(region int, err error)
-	// Renewed: Renew returned err (nil on success).
-	Renewed(region, worker int, err error)
-	// Released: Release returned err (nil on success).
-	Released(region, worker int, err error)
-	// Corrupt: a stored value under key does not decode; grants on that
-	// code stop until it is repaired.
-	Corrupt(key string, err error)
-}
-
-// NopObserver ignores every event. Its methods do nothing.
-type NopObserver struct{}
-
-func (NopObserver) Granted(int, int, int64, time.Duration)     {}
-func (NopObserver) GrantFailed(int, int, error, time.Duration) {}
-func (NopObserver) Conflict(int, int)                          {}
-func (NopObserver) Acquired(int, int)                          {}
-func (NopObserver) AcquireFailed(int, error)                   {}
-func (NopObserver) Renewed(int, int, error)                    {}
-func (NopObserver) Released(int, int, error)                   {}
-func (NopObserver) Corrupt(string, error)                      {}
-
-// Store is the etcd-backed Allocator: worker-code leases, fencing tokens and
-// per-code high-water marks. Any number of Stores (service replicas) may
-// share one etcd: etcd transactions serialise their grants. A Store does not
-// own its client.
+// Store is the grant loop: worker-code leases, fencing tokens and per-code
+// high-water marks, over any Storage (etcd in production, memory in tests:
+// one rule for both). Any number of Stores (service replicas) may share one
+// storage: its transactions serialise their grants. A Store does not own its
+// storage.
 //
 // Safety argument, per code:
 //   - A block is returned only after the transaction that raised HWM to its
-//     Hi committed, and that transaction compared the HWM key's ModRevision
+//     Hi committed, and that transaction compared the HWM's ModRevision
 //     with the one the block was computed from. So every committed block
 //     starts at or above the previous committed Hi: blocks never overlap,
 //     across replicas, restarts and owners, whatever any clock says.
-//   - The same transaction compares the lease key's CreateRevision (the
-//     token) and ModRevision, so a caller whose lease expired (key deleted
-//     by etcd) or was replaced (new CreateRevision) gets nothing.
+//   - The same transaction compares the owner entry's CreateRevision (the
+//     token) and ModRevision, so a caller whose lease expired (entry deleted
+//     by the storage) or was replaced (new CreateRevision) gets nothing.
 //   - A transaction that errors may still have committed: its block is
 //     never returned (ErrUnavailable), and the cached view is dropped so the
 //     next attempt re-reads the HWM. The space is a gap, not a reissue.
@@ -163,39 +117,20 @@ func (NopObserver) Corrupt(string, error)                      {}
 //     the log) rather than hand out a code that could not be allocated.
 //
 // Performance: the Store caches the last view of each code it granted on,
-// so an uncontended grant is one round trip (the fenced Txn; a stale cache
-// only costs a failed compare whose Else returns the fresh view). Grants on
-// one code through one Store take turns; across Stores they race in etcd,
-// with a contention signal (see contentionAfter) so no replica starves.
+// so an uncontended grant is one round trip (the fenced commit; a stale
+// cache only costs a failed compare, which returns the fresh view). Grants on
+// one code through one Store take turns; across Stores they race in the
+// storage, with a contention signal (see contentionAfter) so no replica
+// starves.
 type Store struct {
-	cli  *clientv3.Client
-	cfg  StoreConfig
-	keys keys
-	obs  Observer
-	log  *slog.Logger
+	stg Storage
+	cfg StoreConfig
+	obs Observer
+	log *slog.Logger
 
 	mu    sync.Mutex
-	cache map[[2]int]codeState     // last state seen per (region, worker)
+	cache map[[2]int]CodeView      // last view seen per (region, worker)
 	turns map[[2]int]chan struct{} // one grant at a time per code per Store
-}
-
-// codeState is a consistent view of one code's two keys at revision rev.
-// A nil KeyValue means the key was absent.
-type codeState struct {
-	rev        int64
-	lease      *mvccpb.KeyValue
-	hwm        *mvccpb.KeyValue
-	contendRev int64 // ModRevision of the contention key (0: absent)
-}
-
-// stateFrom builds a codeState from a Txn response whose first three ops
-// were Get lease key, Get HWM key, Get contention key.
-func stateFrom(resp *clientv3.TxnResponse) codeState {
-	st := codeState{rev: resp.Header.Revision, lease: first(resp.Responses[0]), hwm: first(resp.Responses[1])}
-	if c := first(resp.Responses[2]); c != nil {
-		st.contendRev = c.ModRevision
-	}
-	return st
 }
 
 // contentionAfter is how many lost races make a grant signal contention.
@@ -203,31 +138,31 @@ func stateFrom(resp *clientv3.TxnResponse) codeState {
 // Why a signal: the replica that just won a grant sends its next one as soon
 // as its reply arrives, while the loser first learns it lost; under sustained
 // load on one code the loser can lose round after round. A loser that has
-// lost contentionAfter times writes the code's contention key in the Else
-// branch of its failed Txn. Every grant compares that key's ModRevision, so
-// the winner's next grant fails too; a grant that failed only because of the
-// signal (HWM and lease unchanged) yields for about one round trip, letting
-// the signalling replica through. Nothing is written on the normal path.
+// lost contentionAfter times writes the code's contention signal when its
+// commit fails (HighWaterCommit.Signal). Every grant compares the signal's
+// ModRevision, so the winner's next grant fails too; a grant that failed only
+// because of the signal (HWM and owner unchanged) yields for about one round
+// trip, letting the signalling replica through. Nothing is written on the
+// normal path.
 const contentionAfter = 2
 
 var _ Allocator = (*Store)(nil)
 
-// NewStore validates cfg and returns a Store over cli.
-func NewStore(cli *clientv3.Client, cfg StoreConfig) (*Store, error) {
-	if cli == nil {
-		return nil, errors.Wrap(ErrInvalid, "store: nil etcd client")
+// NewStore validates cfg and returns a Store over storage.
+func NewStore(storage Storage, cfg StoreConfig) (*Store, error) {
+	if storage == nil {
+		return nil, fmt.Errorf("store: nil storage: %w", ErrInvalid)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
 	return &Store{
-		cli:   cli,
+		stg:   storage,
 		cfg:   cfg,
-		keys:  keys{prefix: cfg.Prefix},
 		obs:   cfg.Observer,
 		log:   cfg.Logger,
-		cache: make(map[[2]int]codeState),
+		cache: make(map[[2]int]CodeView),
 		turns: make(map[[2]int]chan struct{}),
 	}, nil
 }
@@ -238,51 +173,29 @@ func (s *Store) Policy() Policy { return s.cfg.Policy }
 // Config is the Store's configuration with defaults applied.
 func (s *Store) Config() StoreConfig { return s.cfg }
 
-// LeaseKey is the etcd key holding the owner record of (region, worker).
-func (s *Store) LeaseKey(region, worker int) string { return s.keys.lease(region, worker) }
-
-// HighWaterKey is the etcd key holding the high-water mark of (region, worker).
-func (s *Store) HighWaterKey(region, worker int) string { return s.keys.hwm(region, worker) }
-
 func (s *Store) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, s.cfg.OpTimeout)
 }
 
-// unavailable marks an etcd error as ErrUnavailable, keeping the cause (so
+// unavailable marks a storage error as ErrUnavailable, keeping the cause (so
 // errors.Is(err, context.DeadlineExceeded) still works).
 func unavailable(err error, format string, args ...any) error {
-	return errors.Wrapf(errors.Mark(err, ErrUnavailable), format, args...)
+	return fmt.Errorf("%s: %w: %w", fmt.Sprintf(format, args...), ErrUnavailable, err)
 }
 
 func validRegion(region int) error {
 	if region < 0 || region > snowflake.MaxRegion {
-		return errors.Wrapf(ErrInvalid, "region %d not in 0..%d", region, snowflake.MaxRegion)
+		return fmt.Errorf("region %d not in 0..%d: %w", region, snowflake.MaxRegion, ErrInvalid)
 	}
 	return nil
 }
 
-func validLease(l Lease) error {
-	if err := validRegion(l.Region); err != nil {
-		return err
-	}
-	switch {
-	case l.Worker < 0 || l.Worker > snowflake.MaxWorker:
-		return errors.Wrapf(ErrInvalid, "worker %d not in 0..%d", l.Worker, snowflake.MaxWorker)
-	case l.Token <= 0:
-		return errors.Wrapf(ErrInvalid, "token %d must be positive", l.Token)
-	case l.LeaseID == 0:
-		return errors.Wrap(ErrInvalid, "lease_id must not be 0")
-	}
-	return nil
-}
-
-// Acquire leases a free worker code of region for owner (printable text up
-// to MaxOwnerLen bytes, for operators). It grants an etcd lease, then tries
-// the free codes starting at a random one, creating the lease key only if it
-// does not exist (If CreateRevision == 0). The token is the revision that
-// created the key. With every code leased (or unusable because its HWM is
-// corrupt) it returns an error wrapping ErrNoFreeCode (retryable) and
-// revokes the unused etcd lease.
+// Acquire leases a free worker code of region for owner (ValidateOwner: for
+// operators). It grants a storage lease, then tries the free codes starting
+// at a random one, creating the owner entry only if it does not exist. The
+// token is the revision that created the entry. With every code leased (or
+// unusable because its HWM is corrupt) it returns an error wrapping
+// ErrNoFreeCode (retryable) and revokes the unused lease.
 func (s *Store) Acquire(ctx context.Context, region int, owner string) (Lease, error) {
 	l, err := s.acquire(ctx, region, owner)
 	if err != nil {
@@ -299,16 +212,15 @@ func (s *Store) acquire(ctx context.Context, region int, owner string) (Lease, e
 	if err := validRegion(region); err != nil {
 		return Lease{}, err
 	}
-	if err := validOwner(owner); err != nil {
-		return Lease{}, errors.Wrapf(ErrInvalid, "%v", err)
+	if err := ValidateOwner(owner); err != nil {
+		return Lease{}, err
 	}
 	octx, cancel := s.opCtx(ctx)
-	grant, err := s.cli.Grant(octx, int64(s.cfg.LeaseTTL/time.Second))
+	leaseID, ttl, err := s.stg.Grant(octx, s.cfg.LeaseTTL)
 	cancel()
 	if err != nil {
-		return Lease{}, unavailable(err, "acquire region %d: grant etcd lease", region)
+		return Lease{}, unavailable(err, "acquire region %d: grant lease", region)
 	}
-	leaseID := grant.ID
 	keep := false
 	defer func() {
 		if !keep {
@@ -323,10 +235,10 @@ func (s *Store) acquire(ctx context.Context, region int, owner string) (Lease, e
 			return Lease{}, err
 		}
 		if len(free.hwmRev) == 0 {
-			return Lease{}, errors.Wrapf(ErrNoFreeCode, "region %d: all %d codes leased (%d unusable: corrupt high-water mark)",
-				region, snowflake.MaxWorker+1, free.corrupt)
+			return Lease{}, fmt.Errorf("region %d: all %d codes leased (%d unusable: corrupt high-water mark): %w",
+				region, snowflake.MaxWorker+1, free.corrupt, ErrNoFreeCode)
 		}
-		start := rand.IntN(snowflake.MaxWorker + 1)
+		start := s.cfg.FirstCode(region) & snowflake.MaxWorker
 		for i := 0; i <= snowflake.MaxWorker; i++ {
 			w := (start + i) % (snowflake.MaxWorker + 1)
 			hwmRev, ok := free.hwmRev[w]
@@ -335,48 +247,38 @@ func (s *Store) acquire(ctx context.Context, region int, owner string) (Lease, e
 			}
 			rec := OwnerRecord{
 				Version: ownerRecordVersion, Region: region, Worker: w,
-				LeaseID: int64(leaseID), Owner: owner, AcquiredUnixMs: max(time.Now().UnixMilli(), 1),
+				LeaseID: leaseID, Owner: owner, AcquiredUnixMs: max(time.Now().UnixMilli(), 1),
 			}
-			lk, hk := s.keys.lease(region, w), s.keys.hwm(region, w)
 			octx, cancel := s.opCtx(ctx)
-			resp, err := s.cli.Txn(octx).
-				If(clientv3.Compare(clientv3.CreateRevision(lk), "=", 0),
-					clientv3.Compare(clientv3.ModRevision(hk), "=", hwmRev)).
-				Then(clientv3.OpPut(lk, rec.Encode(), clientv3.WithLease(leaseID))).
-				Commit()
+			token, ok, err := s.stg.CreateOwner(octx, region, w, hwmRev, []byte(rec.Encode()), leaseID)
 			cancel()
 			if err != nil {
-				// Unknown commit: the deferred revoke deletes the key if it
+				// Unknown commit: the deferred revoke deletes the entry if it
 				// was created, so the code is not left half-owned.
 				return Lease{}, unavailable(err, "acquire region %d worker %d: commit unknown", region, w)
 			}
-			if !resp.Succeeded {
+			if !ok {
 				continue // taken (or its HWM changed) since the snapshot
 			}
 			keep = true
 			s.forget(region, w)
-			return Lease{
-				Region: region, Worker: w,
-				Token:   resp.Header.Revision,
-				LeaseID: int64(leaseID),
-				TTL:     time.Duration(grant.TTL) * time.Second,
-			}, nil
+			return Lease{Region: region, Worker: w, Token: token, LeaseID: leaseID, TTL: ttl}, nil
 		}
 	}
-	return Lease{}, errors.Wrapf(ErrNoFreeCode, "region %d: every free code was taken by a concurrent acquire", region)
+	return Lease{}, fmt.Errorf("region %d: every free code was taken by a concurrent acquire: %w", region, ErrNoFreeCode)
 }
 
-func (s *Store) revoke(ctx context.Context, id clientv3.LeaseID) {
+func (s *Store) revoke(ctx context.Context, id int64) {
 	// Clean-up runs even if ctx is done: the lease would otherwise linger
 	// for its TTL holding nothing (or a code).
 	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.OpTimeout)
 	defer cancel()
-	if _, err := s.cli.Revoke(octx, id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		s.log.Warn("revoke etcd lease failed; it expires by its TTL", "lease_id", int64(id), "err", err)
+	if err := s.stg.Revoke(octx, id); err != nil {
+		s.log.Warn("revoke lease failed; it expires by its TTL", "lease_id", id, "err", err)
 	}
 }
 
-// regionView is a snapshot of a region's keys: the HWM ModRevision (0 when
+// regionView is a snapshot of a region's codes: the HWM ModRevision (0 when
 // absent) of every free, usable code, and how many codes were unusable.
 type regionView struct {
 	hwmRev  map[int]int64
@@ -385,56 +287,34 @@ type regionView struct {
 }
 
 func (s *Store) freeCodes(ctx context.Context, region int) (regionView, error) {
-	lp, hp := s.keys.leasePrefix(region), s.keys.hwmPrefix(region)
 	octx, cancel := s.opCtx(ctx)
-	resp, err := s.cli.Txn(octx).Then(
-		clientv3.OpGet(lp, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		clientv3.OpGet(hp, clientv3.WithPrefix()),
-	).Commit()
+	rv, err := s.stg.Scan(octx, region)
 	cancel()
 	if err != nil {
 		return regionView{}, unavailable(err, "region %d: list codes", region)
 	}
-	leased := make(map[int]bool)
-	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-		w, ok := workerOf(kv.Key, lp)
-		if !ok {
-			s.log.Warn("unexpected key under lease prefix; ignored", "key", string(kv.Key))
-			continue
-		}
-		leased[w] = true
-	}
-	v := regionView{hwmRev: make(map[int]int64), leased: len(leased)}
-	hwms := make(map[int]*mvccpb.KeyValue)
-	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		w, ok := workerOf(kv.Key, hp)
-		if !ok {
-			s.log.Warn("unexpected key under high-water prefix; ignored", "key", string(kv.Key))
-			continue
-		}
-		hwms[w] = kv
-	}
+	v := regionView{hwmRev: make(map[int]int64), leased: len(rv.Owners)}
 	for w := 0; w <= snowflake.MaxWorker; w++ {
-		if leased[w] {
+		if _, leased := rv.Owners[w]; leased {
 			continue
 		}
-		kv := hwms[w]
-		if kv == nil {
+		e, ok := rv.HighWaters[w]
+		if !ok {
 			v.hwmRev[w] = 0
 			continue
 		}
-		if _, err := DecodeHighWater(kv.Value); err != nil {
-			s.reportCorrupt(string(kv.Key), err)
+		if _, err := DecodeHighWater(e.Value); err != nil {
+			s.reportCorrupt(e.Key, err)
 			v.corrupt++
 			continue
 		}
-		v.hwmRev[w] = kv.ModRevision
+		v.hwmRev[w] = e.ModRevision
 	}
 	return v, nil
 }
 
 func (s *Store) reportCorrupt(key string, err error) {
-	s.log.Error("corrupt value in etcd; code stopped until repaired", "key", key, "err", err)
+	s.log.Error("corrupt value in storage; code stopped until repaired", "key", key, "err", err)
 	s.obs.Corrupt(key, err)
 }
 
@@ -451,13 +331,13 @@ func (s *Store) FreeCodes(ctx context.Context, region int) (int, error) {
 	return len(v.hwmRev), nil
 }
 
-// LeaseInfo describes one live lease key, as List reports it.
+// LeaseInfo describes one live lease, as List reports it.
 type LeaseInfo struct {
-	Lease    // TTL is zero: List does not ask etcd for remaining TTLs
+	Lease    // TTL is zero: List does not ask the storage for remaining TTLs
 	Owner    string
 	Acquired time.Time
 	// Err is non-nil (wrapping ErrCorrupt) if the owner record does not
-	// decode; the other fields then hold only what the key itself says.
+	// decode; the other fields then hold only what the entry itself says.
 	Err error
 }
 
@@ -466,21 +346,20 @@ func (s *Store) List(ctx context.Context, region int) ([]LeaseInfo, error) {
 	if err := validRegion(region); err != nil {
 		return nil, err
 	}
-	lp := s.keys.leasePrefix(region)
 	octx, cancel := s.opCtx(ctx)
-	resp, err := s.cli.Get(octx, lp, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+	rv, err := s.stg.Scan(octx, region)
 	cancel()
 	if err != nil {
 		return nil, unavailable(err, "region %d: list leases", region)
 	}
-	out := make([]LeaseInfo, 0, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
-		w, ok := workerOf(kv.Key, lp)
+	out := make([]LeaseInfo, 0, len(rv.Owners))
+	for w := 0; w <= snowflake.MaxWorker; w++ {
+		e, ok := rv.Owners[w]
 		if !ok {
 			continue
 		}
-		info := LeaseInfo{Lease: Lease{Region: region, Worker: w, Token: kv.CreateRevision, LeaseID: kv.Lease}}
-		rec, err := s.checkRecord(kv, region, w)
+		info := LeaseInfo{Lease: Lease{Region: region, Worker: w, Token: e.CreateRevision, LeaseID: e.Lease}}
+		rec, err := s.checkRecord(&e, region, w)
 		if err != nil {
 			info.Err = err
 		} else {
@@ -492,18 +371,19 @@ func (s *Store) List(ctx context.Context, region int) ([]LeaseInfo, error) {
 	return out, nil
 }
 
-// checkRecord decodes a lease key's value and checks it against the key.
-func (s *Store) checkRecord(kv *mvccpb.KeyValue, region, worker int) (OwnerRecord, error) {
-	rec, err := DecodeOwnerRecord(kv.Value)
+// checkRecord decodes an owner entry and checks it against the code and the
+// lease it is attached to.
+func (s *Store) checkRecord(e *Entry, region, worker int) (OwnerRecord, error) {
+	rec, err := DecodeOwnerRecord(e.Value)
 	if err == nil && (rec.Region != region || rec.Worker != worker) {
-		err = errors.Wrapf(ErrCorrupt, "owner record names region %d worker %d", rec.Region, rec.Worker)
+		err = fmt.Errorf("owner record names region %d worker %d: %w", rec.Region, rec.Worker, ErrCorrupt)
 	}
-	if err == nil && rec.LeaseID != kv.Lease {
-		err = errors.Wrapf(ErrCorrupt, "owner record names etcd lease %x but the key is attached to %x", rec.LeaseID, kv.Lease)
+	if err == nil && rec.LeaseID != e.Lease {
+		err = fmt.Errorf("owner record names lease %x but the entry is attached to %x: %w", rec.LeaseID, e.Lease, ErrCorrupt)
 	}
 	if err != nil {
-		err = errors.Wrapf(err, "key %s", kv.Key)
-		s.reportCorrupt(string(kv.Key), err)
+		err = fmt.Errorf("key %s: %w", e.Key, err)
+		s.reportCorrupt(e.Key, err)
 	}
 	return rec, err
 }
@@ -515,176 +395,156 @@ func (s *Store) HighWater(ctx context.Context, region, worker int) (int64, error
 		return 0, err
 	}
 	if worker < 0 || worker > snowflake.MaxWorker {
-		return 0, errors.Wrapf(ErrInvalid, "worker %d not in 0..%d", worker, snowflake.MaxWorker)
+		return 0, fmt.Errorf("worker %d not in 0..%d: %w", worker, snowflake.MaxWorker, ErrInvalid)
 	}
-	hk := s.keys.hwm(region, worker)
 	octx, cancel := s.opCtx(ctx)
-	resp, err := s.cli.Get(octx, hk)
+	v, err := s.stg.Code(octx, region, worker)
 	cancel()
 	if err != nil {
-		return 0, unavailable(err, "read %s", hk)
+		return 0, unavailable(err, "read region %d worker %d", region, worker)
 	}
-	if len(resp.Kvs) == 0 {
+	if v.HighWater == nil {
 		return 0, nil
 	}
-	v, err := DecodeHighWater(resp.Kvs[0].Value)
+	hwm, err := DecodeHighWater(v.HighWater.Value)
 	if err != nil {
-		return 0, errors.Wrapf(err, "key %s", hk)
+		return 0, fmt.Errorf("key %s: %w", v.HighWater.Key, err)
 	}
-	return v, nil
+	return hwm, nil
 }
 
-// fence decides whether l owns its code in state st: nil if it does;
-// otherwise ErrLeaseLost (no lease key: expired or released), ErrFenced
+// fence decides whether l owns its code in view v: nil if it does;
+// otherwise ErrLeaseLost (no owner: expired or released), ErrFenced
 // (another token owns the code), ErrInvalid (a token never issued, or a
-// lease_id that is not the one the code is attached to) or ErrCorrupt.
-func (s *Store) fence(l Lease, st codeState) error {
-	kv := st.lease
-	if l.Token > st.rev {
-		return errors.Wrapf(ErrInvalid, "token %d was never issued (store revision is %d)", l.Token, st.rev)
+// lease_id that is not the one the owner is attached to) or ErrCorrupt.
+func (s *Store) fence(l Lease, v CodeView) error {
+	e := v.Owner
+	if l.Token > v.Rev {
+		return fmt.Errorf("token %d was never issued (store revision is %d): %w", l.Token, v.Rev, ErrInvalid)
 	}
-	if kv == nil {
-		return errors.Wrapf(ErrLeaseLost, "region %d worker %d token %d: lease key is gone (expired or released)",
-			l.Region, l.Worker, l.Token)
+	if e == nil {
+		return fmt.Errorf("region %d worker %d token %d: lease key is gone (expired or released): %w",
+			l.Region, l.Worker, l.Token, ErrLeaseLost)
 	}
-	if kv.CreateRevision != l.Token {
-		return errors.Wrapf(ErrFenced, "region %d worker %d: token %d, but the code is owned by token %d",
-			l.Region, l.Worker, l.Token, kv.CreateRevision)
+	if e.CreateRevision != l.Token {
+		return fmt.Errorf("region %d worker %d: token %d, but the code is owned by token %d: %w",
+			l.Region, l.Worker, l.Token, e.CreateRevision, ErrFenced)
 	}
-	if _, err := s.checkRecord(kv, l.Region, l.Worker); err != nil {
+	if _, err := s.checkRecord(e, l.Region, l.Worker); err != nil {
 		return err
 	}
-	if kv.Lease != l.LeaseID {
-		return errors.Wrapf(ErrInvalid, "lease_id %x is not the code's etcd lease", l.LeaseID)
+	if e.Lease != l.LeaseID {
+		return fmt.Errorf("lease_id %x is not the code's lease: %w", l.LeaseID, ErrInvalid)
 	}
 	return nil
 }
 
-// Renew keeps l's etcd lease alive once, after checking that l still owns its
-// code. It returns l with the TTL etcd granted. A caller's safety deadline is
-// (time it sent this request) + TTL - margin.
+// Renew keeps l's storage lease alive once, after checking that l still
+// owns its code. It returns l with the TTL granted. A caller's safety
+// deadline is (time it sent this request) + TTL - margin.
 func (s *Store) Renew(ctx context.Context, l Lease) (Lease, error) {
 	out, err := s.renew(ctx, l)
-	if validLease(l) == nil {
+	if l.Validate() == nil {
 		s.obs.Renewed(l.Region, l.Worker, err)
 	}
 	return out, err
 }
 
 func (s *Store) renew(ctx context.Context, l Lease) (Lease, error) {
-	if err := validLease(l); err != nil {
+	if err := l.Validate(); err != nil {
 		return Lease{}, err
 	}
-	st, err := s.read(ctx, l.Region, l.Worker)
+	v, err := s.read(ctx, l.Region, l.Worker)
 	if err != nil {
 		return Lease{}, err
 	}
-	if err := s.fence(l, st); err != nil {
+	if err := s.fence(l, v); err != nil {
 		return Lease{}, err
 	}
 	octx, cancel := s.opCtx(ctx)
-	resp, err := s.cli.KeepAliveOnce(octx, clientv3.LeaseID(l.LeaseID))
+	ttl, err := s.stg.KeepAlive(octx, l.LeaseID)
 	cancel()
 	switch {
-	case errors.Is(err, rpctypes.ErrLeaseNotFound):
-		return Lease{}, errors.Wrapf(ErrLeaseLost, "region %d worker %d: etcd lease %x expired", l.Region, l.Worker, l.LeaseID)
 	case err != nil:
 		return Lease{}, unavailable(err, "renew region %d worker %d", l.Region, l.Worker)
-	case resp.TTL <= 0:
-		return Lease{}, errors.Wrapf(ErrLeaseLost, "region %d worker %d: etcd lease %x has no TTL left", l.Region, l.Worker, l.LeaseID)
+	case ttl <= 0:
+		return Lease{}, fmt.Errorf("region %d worker %d: lease %x expired: %w", l.Region, l.Worker, l.LeaseID, ErrLeaseLost)
 	}
-	l.TTL = time.Duration(resp.TTL) * time.Second
+	l.TTL = ttl
 	return l, nil
 }
 
-// Release deletes l's lease key (only if l still owns it) and revokes its
-// etcd lease. The code's HWM stays, so the next owner starts above it.
+// Release deletes l's owner entry (only if l still owns it) and revokes its
+// storage lease. The code's HWM stays, so the next owner starts above it.
 func (s *Store) Release(ctx context.Context, l Lease) error {
 	err := s.release(ctx, l)
-	if validLease(l) == nil {
+	if l.Validate() == nil {
 		s.obs.Released(l.Region, l.Worker, err)
 	}
 	return err
 }
 
 func (s *Store) release(ctx context.Context, l Lease) error {
-	if err := validLease(l); err != nil {
+	if err := l.Validate(); err != nil {
 		return err
 	}
-	lk := s.keys.lease(l.Region, l.Worker)
 	octx, cancel := s.opCtx(ctx)
-	resp, err := s.cli.Txn(octx).
-		If(clientv3.Compare(clientv3.CreateRevision(lk), "=", l.Token),
-			clientv3.Compare(clientv3.LeaseValue(lk), "=", clientv3.LeaseID(l.LeaseID))).
-		Then(clientv3.OpDelete(lk)).
-		Else(clientv3.OpGet(lk)).
-		Commit()
+	ok, fresh, err := s.stg.DeleteOwner(octx, l.Region, l.Worker, l.Token, l.LeaseID)
 	cancel()
 	if err != nil {
 		return unavailable(err, "release region %d worker %d", l.Region, l.Worker)
 	}
 	s.forget(l.Region, l.Worker)
-	if !resp.Succeeded {
-		st := codeState{rev: resp.Header.Revision, lease: first(resp.Responses[0])}
-		if err := s.fence(l, st); err != nil {
+	if !ok {
+		if err := s.fence(l, fresh); err != nil {
 			return err
 		}
-		return errors.Wrapf(ErrFenced, "release region %d worker %d: lease changed concurrently", l.Region, l.Worker)
+		return fmt.Errorf("release region %d worker %d: lease changed concurrently: %w", l.Region, l.Worker, ErrFenced)
 	}
-	s.revoke(ctx, clientv3.LeaseID(l.LeaseID))
+	s.revoke(ctx, l.LeaseID)
 	return nil
 }
 
-// first is the single key a Get op in a Txn returned, or nil.
-func first(r *etcdserverpb.ResponseOp) *mvccpb.KeyValue {
-	kvs := r.GetResponseRange().GetKvs()
-	if len(kvs) == 0 {
-		return nil
-	}
-	return kvs[0]
-}
-
-// sameKV reports whether two views of a key are the same version of it.
-func sameKV(a, b *mvccpb.KeyValue) bool {
+// sameEntry reports whether two views of an entry are the same version of it.
+func sameEntry(a, b *Entry) bool {
 	if a == nil || b == nil {
 		return a == b
 	}
 	return a.ModRevision == b.ModRevision
 }
 
-// read returns a consistent view of a code's lease and HWM keys.
-func (s *Store) read(ctx context.Context, region, worker int) (codeState, error) {
-	lk, hk, ck := s.keys.lease(region, worker), s.keys.hwm(region, worker), s.keys.contend(region, worker)
+// read returns a consistent view of a code.
+func (s *Store) read(ctx context.Context, region, worker int) (CodeView, error) {
 	octx, cancel := s.opCtx(ctx)
-	resp, err := s.cli.Txn(octx).Then(clientv3.OpGet(lk), clientv3.OpGet(hk), clientv3.OpGet(ck, clientv3.WithKeysOnly())).Commit()
+	v, err := s.stg.Code(octx, region, worker)
 	cancel()
 	if err != nil {
-		return codeState{}, unavailable(err, "read region %d worker %d", region, worker)
+		return CodeView{}, unavailable(err, "read region %d worker %d", region, worker)
 	}
-	return stateFrom(resp), nil
+	return v, nil
 }
 
-func (s *Store) cached(region, worker int) (codeState, bool) {
+func (s *Store) cached(region, worker int) (CodeView, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st, ok := s.cache[[2]int{region, worker}]
-	return st, ok
+	v, ok := s.cache[[2]int{region, worker}]
+	return v, ok
 }
 
-// remember keeps st unless a newer view is already cached.
-func (s *Store) remember(region, worker int, st codeState) {
+// remember keeps v unless a newer view is already cached.
+func (s *Store) remember(region, worker int, v CodeView) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := [2]int{region, worker}
-	if old, ok := s.cache[k]; !ok || old.rev < st.rev {
-		s.cache[k] = st
+	if old, ok := s.cache[k]; !ok || old.Rev < v.Rev {
+		s.cache[k] = v
 	}
 }
 
 // takeTurn waits (or until ctx ends) for the right to run a grant on a code
 // through this Store. Callers on one replica queue instead of racing each
-// other in etcd, where all but one would lose every round; replicas still
-// race, and the transaction's compares still decide.
+// other in the storage, where all but one would lose every round; replicas
+// still race, and the transaction's compares still decide.
 func (s *Store) takeTurn(ctx context.Context, region, worker int) (release func(), err error) {
 	s.mu.Lock()
 	k := [2]int{region, worker}
@@ -708,18 +568,34 @@ func (s *Store) forget(region, worker int) {
 	delete(s.cache, [2]int{region, worker})
 }
 
+// sleep waits for d or until ctx is done, and returns ctx.Err() then.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // Allocate grants a block of up to n L units on l's code. The block is
 // computed by Policy.Plan from the code's HWM and the service clock, and is
 // returned only after the transaction raising the HWM to its Hi committed,
 // fenced by l.Token and the HWM's revision. Errors: ErrInvalid (bad field,
 // named), ErrFenced / ErrLeaseLost (l no longer owns the code), ErrCorrupt
 // (a stored value of the code does not decode; nothing is written),
-// *Backpressure, ErrEpochExhausted, ErrUnavailable (etcd did not answer, or
-// the outcome of the commit is unknown: no block, and the range is burned).
+// *Backpressure, ErrEpochExhausted, ErrUnavailable (the storage did not
+// answer, or the outcome of the commit is unknown: no block, and the range
+// is burned).
 func (s *Store) Allocate(ctx context.Context, l Lease, n int) (Block, error) {
 	start := time.Now()
 	b, err := s.allocate(ctx, l, n)
-	if validLease(l) == nil {
+	if l.Validate() == nil {
 		if err != nil {
 			s.obs.GrantFailed(l.Region, l.Worker, err, time.Since(start))
 		} else {
@@ -730,11 +606,11 @@ func (s *Store) Allocate(ctx context.Context, l Lease, n int) (Block, error) {
 }
 
 func (s *Store) allocate(ctx context.Context, l Lease, n int) (Block, error) {
-	if err := validLease(l); err != nil {
+	if err := l.Validate(); err != nil {
 		return Block{}, err
 	}
 	if n < 1 || int64(n) > s.cfg.Policy.MaxBlock {
-		return Block{}, errors.Wrapf(ErrInvalid, "count %d not in 1..%d", n, s.cfg.Policy.MaxBlock)
+		return Block{}, fmt.Errorf("count %d not in 1..%d: %w", n, s.cfg.Policy.MaxBlock, ErrInvalid)
 	}
 	done, err := s.takeTurn(ctx, l.Region, l.Worker)
 	if err != nil {
@@ -744,18 +620,17 @@ func (s *Store) allocate(ctx context.Context, l Lease, n int) (Block, error) {
 	// A cached view may be stale; it is only trusted as far as the commit's
 	// compares go. A stale view that says "not yours" is re-read before it
 	// is believed.
-	st, fromCache := s.cached(l.Region, l.Worker)
+	v, fromCache := s.cached(l.Region, l.Worker)
 	needRead := !fromCache
-	lk, hk, ck := s.keys.lease(l.Region, l.Worker), s.keys.hwm(l.Region, l.Worker), s.keys.contend(l.Region, l.Worker)
 	for conflicts := 0; ; {
 		if needRead {
 			var err error
-			if st, err = s.read(ctx, l.Region, l.Worker); err != nil {
+			if v, err = s.read(ctx, l.Region, l.Worker); err != nil {
 				return Block{}, err
 			}
 			needRead, fromCache = false, false
 		}
-		if err := s.fence(l, st); err != nil {
+		if err := s.fence(l, v); err != nil {
 			if fromCache {
 				needRead = true
 				continue
@@ -764,81 +639,73 @@ func (s *Store) allocate(ctx context.Context, l Lease, n int) (Block, error) {
 			return Block{}, err
 		}
 		var hwm, hwmRev int64
-		if st.hwm != nil {
-			v, err := DecodeHighWater(st.hwm.Value)
+		if v.HighWater != nil {
+			h, err := DecodeHighWater(v.HighWater.Value)
 			if err != nil {
 				s.forget(l.Region, l.Worker)
-				err = errors.Wrapf(err, "key %s", hk)
-				s.reportCorrupt(hk, err)
+				err = fmt.Errorf("key %s: %w", v.HighWater.Key, err)
+				s.reportCorrupt(v.HighWater.Key, err)
 				return Block{}, err
 			}
-			hwm, hwmRev = v, st.hwm.ModRevision
+			hwm, hwmRev = h, v.HighWater.ModRevision
 		}
-		now := s.cfg.Clock.Now()
-		g, err := s.cfg.Policy.Plan(hwm, now, int64(n))
+		g, err := s.cfg.Policy.Plan(hwm, s.cfg.Now(), int64(n))
 		if err != nil {
-			s.remember(l.Region, l.Worker, st)
-			return Block{}, errors.Wrapf(err, "region %d worker %d", l.Region, l.Worker)
+			s.remember(l.Region, l.Worker, v)
+			return Block{}, fmt.Errorf("region %d worker %d: %w", l.Region, l.Worker, err)
 		}
-		orElse := []clientv3.Op{clientv3.OpGet(lk), clientv3.OpGet(hk), clientv3.OpGet(ck, clientv3.WithKeysOnly())}
-		if conflicts >= contentionAfter {
-			orElse = append(orElse, clientv3.OpPut(ck, "v1"))
-		}
+		signal := conflicts >= contentionAfter
+		value := []byte(EncodeHighWater(g.Hi))
 		octx, cancel := s.opCtx(ctx)
 		sent := time.Now()
-		resp, err := s.cli.Txn(octx).
-			If(clientv3.Compare(clientv3.CreateRevision(lk), "=", l.Token),
-				clientv3.Compare(clientv3.ModRevision(lk), "=", st.lease.ModRevision),
-				clientv3.Compare(clientv3.ModRevision(hk), "=", hwmRev),
-				clientv3.Compare(clientv3.ModRevision(ck), "=", st.contendRev)).
-			Then(clientv3.OpPut(hk, EncodeHighWater(g.Hi))).
-			Else(orElse...).
-			Commit()
+		rev, ok, fresh, err := s.stg.CommitHighWater(octx, l.Region, l.Worker, HighWaterCommit{
+			Value: value, Token: l.Token, OwnerRev: v.Owner.ModRevision,
+			HighWaterRev: hwmRev, ContentionRev: v.Contention, Signal: signal,
+		})
 		rtt := time.Since(sent)
 		cancel()
 		if err != nil {
-			// The put may or may not have committed. [g.Lo, g.Hi) is burned:
-			// never returned, and the next call re-reads the HWM.
+			// The write may or may not have committed. [g.Lo, g.Hi) is
+			// burned: never returned, and the next call re-reads the HWM.
 			s.forget(l.Region, l.Worker)
 			return Block{}, unavailable(err, "allocate region %d worker %d: commit unknown, block [%d,%d) discarded",
 				l.Region, l.Worker, g.Lo, g.Hi)
 		}
-		if resp.Succeeded {
-			// Our put is the HWM at resp.Header.Revision; the lease key is
-			// unchanged (the compare held).
-			hwmKV := &mvccpb.KeyValue{Key: []byte(hk), Value: []byte(EncodeHighWater(g.Hi)),
-				ModRevision: resp.Header.Revision}
-			s.remember(l.Region, l.Worker, codeState{rev: resp.Header.Revision, lease: st.lease, hwm: hwmKV, contendRev: st.contendRev})
+		if ok {
+			// Our write is the HWM at rev; the owner entry is unchanged
+			// (the compare held).
+			var key string
+			if v.HighWater != nil {
+				key = v.HighWater.Key
+			}
+			hw := &Entry{Key: key, Value: value, ModRevision: rev}
+			s.remember(l.Region, l.Worker, CodeView{Rev: rev, Owner: v.Owner, HighWater: hw, Contention: v.Contention})
 			return Block{
 				Region: l.Region, Worker: l.Worker, Lo: g.Lo, Hi: g.Hi,
 				ServiceTime: g.ServiceTime, ValidUntil: g.ValidUntil,
 			}, nil
 		}
-		// The compare failed: the Else reads are a fresh view. Either l was
-		// fenced (the next fence check says so) or another grant won.
-		prev := st
-		st = stateFrom(resp)
-		if len(orElse) > 3 {
-			// Our Else wrote the contention key at this revision.
-			st.contendRev = resp.Header.Revision
-		}
+		// A compare failed: fresh is the view after it. Either l was fenced
+		// (the next fence check says so) or another grant won.
+		prev := v
+		v = fresh
 		fromCache = false
-		if err := s.fence(l, st); err != nil {
+		if err := s.fence(l, v); err != nil {
 			s.forget(l.Region, l.Worker)
 			return Block{}, err
 		}
-		s.remember(l.Region, l.Worker, st)
+		s.remember(l.Region, l.Worker, v)
 		conflicts++
 		s.obs.Conflict(l.Region, l.Worker)
 		if conflicts >= s.cfg.MaxConflicts {
-			return Block{}, errors.Wrapf(ErrUnavailable, "allocate region %d worker %d: lost %d races on the high-water mark",
-				l.Region, l.Worker, conflicts)
+			return Block{}, fmt.Errorf("allocate region %d worker %d: lost %d races on the high-water mark: %w",
+				l.Region, l.Worker, conflicts, ErrUnavailable)
 		}
-		if sameKV(prev.hwm, st.hwm) && sameKV(prev.lease, st.lease) {
+		if sameEntry(prev.HighWater, v.HighWater) && sameEntry(prev.Owner, v.Owner) {
 			// Only another replica's contention signal failed us: yield a
 			// random one to two round trips so it gets through (if both
 			// signalled, the shorter wait wins), then go again.
-			if err := clock.Sleep(ctx, rtt+rand.N(rtt+time.Millisecond)); err != nil {
+			if err := sleep(ctx, rtt+rand.N(rtt+time.Millisecond)); err != nil {
 				return Block{}, unavailable(err, "allocate region %d worker %d: yielding to a contending replica", l.Region, l.Worker)
 			}
 			needRead = true // the HWM has most likely moved while we slept

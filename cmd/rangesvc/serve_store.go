@@ -12,22 +12,26 @@ import (
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/segment/etcdstore"
 )
 
 // openStore opens the etcd-backed segment.Store for cfg, feeding the
 // store-only events (HWM races, corrupt values) to m.
 func openStore(cli *clientv3.Client, cfg serveConfig, clk clock.Clock, log *slog.Logger, m *service.Metrics) (*segment.Store, error) {
 	sc := cfg.storeConfig()
-	sc.Clock = clk
+	sc.Now = clk.Now
 	sc.Logger = log.With("component", "segment")
 	sc.Observer = m.StoreObserver()
-	return segment.NewStore(cli, sc)
+	stg, err := etcdstore.New(cli, etcdstore.Config{Prefix: cfg.KeyPrefix, Logger: sc.Logger})
+	if err != nil {
+		return nil, err
+	}
+	return segment.NewStore(stg, sc)
 }
 
 // storeConfig maps the store's flags onto segment.StoreConfig.
 func (c serveConfig) storeConfig() segment.StoreConfig {
 	return segment.StoreConfig{
-		Prefix:   c.KeyPrefix,
 		LeaseTTL: c.LeaseTTL,
 		Policy:   segment.Policy{MaxBlock: int64(c.MaxBlock), MaxLead: c.MaxLead},
 	}

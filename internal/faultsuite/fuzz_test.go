@@ -19,6 +19,7 @@ import (
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/segment/etcdstore"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -247,7 +248,11 @@ func FuzzStoreCorruptValues(f *testing.F) {
 	f.Add([]byte(`{"v":1,"region":1,"worker":0,"lease_id":1,"owner":"x","acquired_unix_ms":1}`), true)
 	srv := embedetcd.StartForTest(f)
 	cli := srv.ClientForTest(f)
-	st, err := segment.NewStore(cli, segment.StoreConfig{LeaseTTL: 10 * time.Second})
+	stg, err := etcdstore.New(cli, etcdstore.Config{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	st, err := segment.NewStore(stg, segment.StoreConfig{LeaseTTL: 10 * time.Second})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -259,10 +264,10 @@ func FuzzStoreCorruptValues(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer st.Release(ctx, l) //nolint:errcheck // a corrupt record may refuse; the TTL ends it
-		key := st.HighWaterKey(region, l.Worker)
+		key := stg.HighWaterKey(region, l.Worker)
 		opts := []clientv3.OpOption{}
 		if leaseRecord {
-			key = st.LeaseKey(region, l.Worker)
+			key = stg.LeaseKey(region, l.Worker)
 			opts = append(opts, clientv3.WithIgnoreLease())
 		} else if _, err := st.Allocate(ctx, l, 4096); err != nil { // give the code a real HWM first
 			t.Fatal(err)

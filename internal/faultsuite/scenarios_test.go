@@ -340,7 +340,7 @@ func TestClientPausedPastLeaseIsFenced(t *testing.T) {
 
 	k := s.fault("SIGSTOP %s (code %d) past its lease TTL", stale.name, w)
 	stale.p.pause()
-	lk := s.store.LeaseKey(region, w)
+	lk := s.keys.LeaseKey(region, w)
 	waitFor(t, time.Minute, fmt.Sprintf("etcd expires %s's lease", stale.name), func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -638,7 +638,7 @@ func TestCorruptEtcdValuesStopTheCode(t *testing.T) {
 
 	// Phase 1: corrupt HWM.
 	w, _ := victim.currentCode()
-	hk := s.store.HighWaterKey(region, w)
+	hk := s.keys.HighWaterKey(region, w)
 	const bad = "v1:not-a-number"
 	s.corruptOK = map[string]bool{bad: true}
 	var good []byte
@@ -685,7 +685,7 @@ func TestCorruptEtcdValuesStopTheCode(t *testing.T) {
 
 	// Phase 2: corrupt lease record.
 	w2, tok2 := other.currentCode()
-	hk2, lk2 := s.store.HighWaterKey(region, w2), s.store.LeaseKey(region, w2)
+	hk2, lk2 := s.keys.HighWaterKey(region, w2), s.keys.LeaseKey(region, w2)
 	before, err := s.cli.Get(ctx, hk2)
 	if err != nil || len(before.Kvs) != 1 {
 		t.Fatalf("read %s: %v", hk2, err)

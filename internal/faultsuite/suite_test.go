@@ -18,6 +18,7 @@ import (
 	"github.com/idrange/idrange/internal/faultproxy"
 	"github.com/idrange/idrange/internal/history"
 	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/segment/etcdstore"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -92,8 +93,9 @@ type suite struct {
 	notes  []string
 
 	members  []*member
-	cli      *clientv3.Client // straight to the members, for the test's own reads
-	store    *segment.Store   // key layout and test-held leases (no grants)
+	cli      *clientv3.Client   // straight to the members, for the test's own reads
+	store    *segment.Store     // test-held leases (no grants)
+	keys     *etcdstore.Storage // key layout
 	replicas []*replica
 	minters  []*minter
 	// corruptOK are values the corruption scenario planted in HWM keys on
@@ -202,11 +204,15 @@ func (s *suite) startCluster() {
 	}
 	s.t.Cleanup(func() { cli.Close() })
 	s.cli = cli
-	st, err := segment.NewStore(cli, segment.StoreConfig{LeaseTTL: time.Minute})
+	stg, err := etcdstore.New(cli, etcdstore.Config{})
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	s.store = st
+	st, err := segment.NewStore(stg, segment.StoreConfig{LeaseTTL: time.Minute})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.store, s.keys = st, stg
 	s.waitEtcd(startTimeout)
 }
 
@@ -458,9 +464,9 @@ func (s *suite) checkConfig(hwm map[int][]int64) history.Config {
 func (s *suite) replayHWM() (map[int][]int64, error) {
 	keys := map[string]int{}
 	for w := 0; w <= snowflake.MaxWorker; w++ {
-		keys[s.store.HighWaterKey(region, w)] = w
+		keys[s.keys.HighWaterKey(region, w)] = w
 	}
-	prefix := commonPrefix(s.store.HighWaterKey(region, 0), s.store.HighWaterKey(region, snowflake.MaxWorker))
+	prefix := commonPrefix(s.keys.HighWaterKey(region, 0), s.keys.HighWaterKey(region, snowflake.MaxWorker))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cur, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix())

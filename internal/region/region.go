@@ -33,6 +33,7 @@ import (
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/segment/etcdstore"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -208,7 +209,11 @@ func Start(ctx context.Context, cfg Config) (*Region, error) {
 	sc := cfg.Store
 	sc.Observer = r.count
 	sc.Logger = cfg.Logger
-	r.store, err = segment.NewStore(cli, sc)
+	stg, err := etcdstore.New(cli, etcdstore.Config{Logger: cfg.Logger})
+	if err != nil {
+		return nil, errors.Wrap(err, "region: etcd storage")
+	}
+	r.store, err = segment.NewStore(stg, sc)
 	if err != nil {
 		return nil, errors.Wrap(err, "region: segment store")
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/segment/etcdstore"
 )
 
 // Config describes an in-process range-service replica.
@@ -109,10 +110,14 @@ func (r *Replica) start(t testing.TB, addr string) {
 		t.Fatal(err)
 	}
 	sc := r.cfg.Store
-	sc.Clock = r.clk
+	sc.Now = r.clk.Now
 	sc.Observer = m.StoreObserver()
 	sc.Logger = lg
-	store, err := segment.NewStore(r.Client, sc)
+	stg, err := etcdstore.New(r.Client, etcdstore.Config{Logger: lg})
+	if err != nil {
+		t.Fatalf("testenv: etcdstore.New: %v", err)
+	}
+	store, err := segment.NewStore(stg, sc)
 	if err != nil {
 		t.Fatalf("testenv: NewStore: %v", err)
 	}

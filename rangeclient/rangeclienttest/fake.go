@@ -1,13 +1,11 @@
 // Package rangeclienttest is an in-memory range service for tests and
 // benchmarks of code built on rangeclient or any segment.Allocator user.
 //
-// Service applies the same grant rules as the etcd-backed service
-// (segment): one lease per worker code with a TTL on the service's clock,
-// a fencing token that strictly grows with every new owner, a per-code
-// high-water mark that only grows, Lo = max(HWM, now<<12), a bounded lead
-// (refuse with *segment.Backpressure, or shrink), ValidUntil = end of the
-// millisecond of Hi-1. It keeps every grant, so tests can check that no two
-// blocks of a code overlap.
+// Service is the production grant loop (segment.Store: one lease per worker
+// code, fencing tokens, per-code high-water marks that only grow, the grant
+// rule of segment.Policy) over in-memory storage (segment/memstore) instead
+// of etcd, so tests against it test the rule production runs. It records
+// every grant, so tests can check that no two blocks of a code overlap.
 //
 // Each client talks to the Service through its own Conn, which counts calls
 // and injects faults (unreachable, blackholed, replies held, slow) for that
@@ -19,28 +17,25 @@ package rangeclienttest
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/cockroachdb/errors"
-
 	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/segment/memstore"
 	"github.com/idrange/idrange/snowflake"
 )
 
-// Defaults for Options fields left zero.
+// Defaults for Options fields left zero: production's.
 const (
-	DefaultTTL      = 10 * time.Second
-	DefaultMaxLead  = 15 * time.Second
-	DefaultMaxBlock = 10_000 << snowflake.SequenceBits
+	DefaultTTL      = segment.DefaultLeaseTTL
+	DefaultMaxLead  = segment.DefaultMaxLead
+	DefaultMaxBlock = int(segment.DefaultMaxBlock)
 	DefaultWorkers  = snowflake.MaxWorker + 1
 )
-
-// maxLinear is the end (exclusive) of a code's linear space.
-const maxLinear = int64(snowflake.MaxTimestamp+1) << snowflake.SequenceBits
 
 // Options configure a Service.
 type Options struct {
@@ -52,9 +47,11 @@ type Options struct {
 	// bubble time starts in 2000, before snowflake.Epoch, so set it there.
 	// Zero means the service clock is time.Now.
 	Start time.Time
-	// TTL of leases (default 10 s), MaxLead of grants ahead of the service
-	// clock (default 15 s), MaxBlock per request (default 40,960,000) and
-	// Workers codes available in the region (default 256).
+	// TTL of leases (whole seconds, default 10 s; leases expire on
+	// time.Now, like etcd's own clock), MaxLead of grants ahead of the
+	// service clock (default 15 s), MaxBlock per request (default
+	// 40,960,000) and Workers codes available in the region (default 256;
+	// the others are held by a lease that never expires).
 	TTL      time.Duration
 	MaxLead  time.Duration
 	MaxBlock int
@@ -68,36 +65,21 @@ type Grant struct {
 	Token int64
 }
 
-// Service is the shared state of one in-memory regional range service.
+// Service is one in-memory regional range service: a segment.Store over a
+// memstore.Storage.
 type Service struct {
 	opts   Options
 	origin time.Time
+	stg    *memstore.Storage
+	store  *segment.Store
 
-	mu        sync.Mutex
-	codes     []code
-	nextToken int64
-	nextLease int64
-	grants    []Grant
-	skew      time.Duration // added to the service clock (rollback tests)
+	mu     sync.Mutex
+	grants []Grant
+	skew   time.Duration // added to the service clock (rollback tests)
 }
 
-type code struct {
-	hwm   int64
-	owner *leaseRec // nil when never leased
-}
-
-type leaseRec struct {
-	lease    segment.Lease
-	owner    string
-	expires  time.Time
-	released bool
-}
-
-func (r *leaseRec) alive(now time.Time) bool {
-	return r != nil && !r.released && now.Before(r.expires)
-}
-
-// New returns a Service with opts' defaults applied.
+// New returns a Service with opts' defaults applied. It panics if opts are
+// out of range (a test's mistake).
 func New(opts Options) *Service {
 	if opts.TTL == 0 {
 		opts.TTL = DefaultTTL
@@ -111,24 +93,58 @@ func New(opts Options) *Service {
 	if opts.Workers == 0 {
 		opts.Workers = DefaultWorkers
 	}
-	return &Service{opts: opts, origin: time.Now(), codes: make([]code, opts.Workers), nextToken: 100}
+	s := &Service{opts: opts, origin: time.Now(), stg: memstore.New()}
+	store, err := segment.NewStore(s.stg, segment.StoreConfig{
+		LeaseTTL: opts.TTL,
+		Policy:   segment.Policy{MaxBlock: int64(opts.MaxBlock), MaxLead: opts.MaxLead},
+		Now:      s.Now,
+		// Lowest free code first, so tests know which code a client gets
+		// (production starts at a random one).
+		FirstCode: func(int) int { return 0 },
+	})
+	if err != nil {
+		panic(fmt.Sprintf("rangeclienttest: %v", err))
+	}
+	s.store = store
+	if err := s.reserve(opts.Workers); err != nil {
+		panic(fmt.Sprintf("rangeclienttest: %v", err))
+	}
+	return s
+}
+
+// reserve makes codes workers..255 unavailable by storing an owner for each
+// under a lease that never expires: storage setup, not a second rule.
+func (s *Service) reserve(workers int) error {
+	if workers > snowflake.MaxWorker {
+		return nil
+	}
+	ctx := context.Background()
+	id, _, err := s.stg.Grant(ctx, 100*365*24*time.Hour)
+	if err != nil {
+		return err
+	}
+	for w := max(workers, 0); w <= snowflake.MaxWorker; w++ {
+		rec := segment.OwnerRecord{Version: 1, Region: s.opts.Region, Worker: w, LeaseID: id,
+			Owner: "rangeclienttest: reserved (Options.Workers)", AcquiredUnixMs: 1}
+		if _, ok, err := s.stg.CreateOwner(ctx, s.opts.Region, w, 0, []byte(rec.Encode()), id); err != nil || !ok {
+			return fmt.Errorf("reserve code %d: %v", w, err)
+		}
+	}
+	return nil
 }
 
 // Now is the service's clock.
 func (s *Service) Now() time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.nowLocked()
-}
-
-func (s *Service) nowLocked() time.Time {
 	if s.opts.Start.IsZero() {
 		return time.Now().Add(s.skew)
 	}
 	return s.opts.Start.Add(time.Since(s.origin) + s.skew)
 }
 
-// AdjustClock moves the service's clock by d (negative: a rollback).
+// AdjustClock moves the service's clock by d (negative: a rollback). Lease
+// expiry does not follow it: leases run on time.Now, as etcd's do.
 func (s *Service) AdjustClock(d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -142,32 +158,34 @@ func (s *Service) Grants() []Grant {
 	return append([]Grant(nil), s.grants...)
 }
 
-// HWM returns code worker's high-water mark.
+// HWM returns code worker's high-water mark (0 if it cannot be read).
 func (s *Service) HWM(worker int) int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.codes[worker].hwm
+	hwm, _ := s.store.HighWater(context.Background(), s.opts.Region, worker)
+	return hwm
 }
 
 // Owner returns the live lease of code worker, if any.
 func (s *Service) Owner(worker int) (segment.Lease, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r := s.codes[worker].owner
-	if !r.alive(s.nowLocked()) {
+	infos, err := s.store.List(context.Background(), s.opts.Region)
+	if err != nil {
 		return segment.Lease{}, false
 	}
-	return r.lease, true
+	for _, in := range infos {
+		if in.Worker == worker && in.Err == nil {
+			l := in.Lease
+			l.TTL = s.opts.TTL
+			return l, true
+		}
+	}
+	return segment.Lease{}, false
 }
 
 // Revoke ends code worker's current lease at once, as if its TTL ran out.
 // The old owner's next call gets segment.ErrLeaseLost (or ErrFenced once a
 // new owner holds the code).
 func (s *Service) Revoke(worker int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if r := s.codes[worker].owner; r != nil {
-		r.released = true
+	if l, ok := s.Owner(worker); ok {
+		_ = s.stg.Revoke(context.Background(), l.LeaseID) // memstore only fails on a done ctx
 	}
 }
 
@@ -184,119 +202,49 @@ func Wrap(a segment.Allocator) *Conn {
 	return &Conn{backend: a, changed: make(chan struct{})}
 }
 
-// serviceAllocator is the Service as a segment.Allocator (no faults).
+// serviceAllocator is the Service as a segment.Allocator (no faults): the
+// Store, restricted to the service's region, recording grants.
 type serviceAllocator struct{ s *Service }
 
-func (a serviceAllocator) Acquire(_ context.Context, region int, owner string) (segment.Lease, error) {
-	return a.s.acquire(region, owner)
-}
-func (a serviceAllocator) Renew(_ context.Context, l segment.Lease) (segment.Lease, error) {
-	return a.s.renew(l)
-}
-func (a serviceAllocator) Release(_ context.Context, l segment.Lease) error { return a.s.release(l) }
-func (a serviceAllocator) Allocate(_ context.Context, l segment.Lease, n int) (segment.Block, error) {
-	return a.s.allocate(l, n)
-}
-
-func (s *Service) acquire(region int, owner string) (segment.Lease, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if region != s.opts.Region {
-		return segment.Lease{}, errors.Wrapf(segment.ErrInvalid, "region %d: this service serves region %d", region, s.opts.Region)
+func (a serviceAllocator) served(region int) error {
+	if region != a.s.opts.Region {
+		return fmt.Errorf("region %d: this service serves region %d: %w", region, a.s.opts.Region, segment.ErrInvalid)
 	}
-	now := s.nowLocked()
-	for w := range s.codes {
-		if s.codes[w].owner.alive(now) {
-			continue
-		}
-		s.nextToken++
-		s.nextLease++
-		l := segment.Lease{Region: region, Worker: w, Token: s.nextToken, LeaseID: s.nextLease, TTL: s.opts.TTL}
-		s.codes[w].owner = &leaseRec{lease: l, owner: owner, expires: now.Add(s.opts.TTL)}
-		return l, nil
-	}
-	return segment.Lease{}, errors.Wrapf(segment.ErrNoFreeCode, "all %d codes of region %d are leased", len(s.codes), region)
-}
-
-// check finds l's record and reports fencing.
-func (s *Service) checkLocked(l segment.Lease, now time.Time) (*leaseRec, error) {
-	if l.Region != s.opts.Region || l.Worker < 0 || l.Worker >= len(s.codes) {
-		return nil, errors.Wrapf(segment.ErrInvalid, "lease for code %d/%d not served here", l.Region, l.Worker)
-	}
-	r := s.codes[l.Worker].owner
-	switch {
-	case r != nil && (r.lease.Token != l.Token || r.lease.LeaseID != l.LeaseID):
-		if r.alive(now) {
-			return nil, errors.Wrapf(segment.ErrFenced, "code %d/%d: token %d, current owner has %d", l.Region, l.Worker, l.Token, r.lease.Token)
-		}
-		return nil, errors.Wrapf(segment.ErrLeaseLost, "code %d/%d: lease %d is gone", l.Region, l.Worker, l.LeaseID)
-	case !r.alive(now):
-		return nil, errors.Wrapf(segment.ErrLeaseLost, "code %d/%d: lease %d expired or released", l.Region, l.Worker, l.LeaseID)
-	}
-	return r, nil
-}
-
-func (s *Service) renew(l segment.Lease) (segment.Lease, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.nowLocked()
-	r, err := s.checkLocked(l, now)
-	if err != nil {
-		return segment.Lease{}, err
-	}
-	r.expires = now.Add(s.opts.TTL)
-	l.TTL = s.opts.TTL
-	return l, nil
-}
-
-func (s *Service) release(l segment.Lease) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r, err := s.checkLocked(l, s.nowLocked())
-	if err != nil {
-		return err
-	}
-	r.released = true
 	return nil
 }
 
-func (s *Service) allocate(l segment.Lease, n int) (segment.Block, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if n < 1 || n > s.opts.MaxBlock {
-		return segment.Block{}, errors.Wrapf(segment.ErrInvalid, "count %d not in 1..%d", n, s.opts.MaxBlock)
+func (a serviceAllocator) Acquire(ctx context.Context, region int, owner string) (segment.Lease, error) {
+	if err := a.served(region); err != nil {
+		return segment.Lease{}, err
 	}
-	now := s.nowLocked()
-	if _, err := s.checkLocked(l, now); err != nil {
+	return a.s.store.Acquire(ctx, region, owner)
+}
+
+func (a serviceAllocator) Renew(ctx context.Context, l segment.Lease) (segment.Lease, error) {
+	if err := a.served(l.Region); err != nil {
+		return segment.Lease{}, err
+	}
+	return a.s.store.Renew(ctx, l)
+}
+
+func (a serviceAllocator) Release(ctx context.Context, l segment.Lease) error {
+	if err := a.served(l.Region); err != nil {
+		return err
+	}
+	return a.s.store.Release(ctx, l)
+}
+
+func (a serviceAllocator) Allocate(ctx context.Context, l segment.Lease, n int) (segment.Block, error) {
+	if err := a.served(l.Region); err != nil {
 		return segment.Block{}, err
 	}
-	ms := snowflake.MsSince(now)
-	if ms < 0 {
-		return segment.Block{}, errors.Wrapf(segment.ErrInvalid, "service clock %v is before the epoch", now)
+	b, err := a.s.store.Allocate(ctx, l, n)
+	if err == nil {
+		a.s.mu.Lock()
+		a.s.grants = append(a.s.grants, Grant{Block: b, Token: l.Token})
+		a.s.mu.Unlock()
 	}
-	c := &s.codes[l.Worker]
-	lo := max(c.hwm, ms<<snowflake.SequenceBits)
-	if lo >= maxLinear {
-		return segment.Block{}, errors.Wrap(segment.ErrEpochExhausted, "code's space is used up")
-	}
-	leadMs := s.opts.MaxLead.Milliseconds()
-	limit := (ms + leadMs + 1) << snowflake.SequenceBits
-	if lo >= limit {
-		ahead := lo>>snowflake.SequenceBits - (ms + leadMs)
-		return segment.Block{}, &segment.Backpressure{RetryAfter: time.Duration(ahead) * time.Millisecond}
-	}
-	hi := min(lo+int64(n), limit, maxLinear)
-	c.hwm = hi
-	b := segment.Block{
-		Region:      l.Region,
-		Worker:      l.Worker,
-		Lo:          lo,
-		Hi:          hi,
-		ServiceTime: now,
-		ValidUntil:  snowflake.MsTime((hi-1)>>snowflake.SequenceBits + 1).Add(-time.Nanosecond),
-	}
-	s.grants = append(s.grants, Grant{Block: b, Token: l.Token})
-	return b, nil
+	return b, err
 }
 
 // Method names one Allocator call, for Conn.Calls and Conn.Hook.
@@ -414,20 +362,20 @@ func (c *Conn) do(ctx context.Context, m Method, call func(context.Context) erro
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return errors.Wrapf(segment.ErrUnavailable, "%v: %v", m, ctx.Err())
+			return fmt.Errorf("%v: %v: %w", m, ctx.Err(), segment.ErrUnavailable)
 		}
 	}
 	for {
 		switch f {
 		case Unreachable:
-			return errors.Wrapf(segment.ErrUnavailable, "%v: service unreachable", m)
+			return fmt.Errorf("%v: service unreachable: %w", m, segment.ErrUnavailable)
 		case Blackhole:
 			select {
 			case <-changed:
 				f, _, changed, _ = c.state()
 				continue
 			case <-ctx.Done():
-				return errors.Wrapf(segment.ErrUnavailable, "%v: %v", m, ctx.Err())
+				return fmt.Errorf("%v: %v: %w", m, ctx.Err(), segment.ErrUnavailable)
 			}
 		case HoldReplies:
 			// The request goes out with a context that outlives the
@@ -440,7 +388,7 @@ func (c *Conn) do(ctx context.Context, m Method, call func(context.Context) erro
 			return err
 		}
 		if err := ctx.Err(); err != nil {
-			return errors.Wrapf(segment.ErrUnavailable, "%v: %v", m, err)
+			return fmt.Errorf("%v: %v: %w", m, err, segment.ErrUnavailable)
 		}
 		return call(ctx)
 	}

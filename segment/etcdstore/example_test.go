@@ -1,4 +1,4 @@
-package segment_test
+package etcdstore_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/segment/etcdstore"
 )
 
 // Example shows the life of a worker code on the etcd-backed Store: lease a
@@ -20,7 +21,11 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer cli.Close()
-	st, err := segment.NewStore(cli, segment.StoreConfig{}) // defaults: /idrange/v1/, 10 s leases
+	stg, err := etcdstore.New(cli, etcdstore.Config{}) // keys under /idrange/v1/
+	if err != nil {
+		log.Fatal(err)
+	}
+	st, err := segment.NewStore(stg, segment.StoreConfig{}) // the grant loop; 10 s leases
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -1,0 +1,289 @@
+// Package etcdstore is segment.Storage on etcd: the production home of the
+// per-code leases and high-water marks. The grant rule and the fencing
+// decisions live in segment.Store; this package only maps its reads and
+// compare-and-set writes onto etcd transactions.
+//
+//	stg, err := etcdstore.New(cli, etcdstore.Config{})
+//	store, err := segment.NewStore(stg, segment.StoreConfig{})
+//
+// Key layout under a prefix P (default DefaultPrefix):
+//
+//	P + "r<region>/lease/<worker, 3 digits>"   owner record, attached to the etcd lease
+//	P + "r<region>/hwm/<worker, 3 digits>"     high-water mark, no lease (forever)
+//	P + "r<region>/contend/<worker, 3 digits>" contention signal (value unused)
+//
+// etcd's revision is the fencing token: the CreateRevision of a lease key
+// names one owner for ever, and every grant's Txn compares it together with
+// the ModRevisions of the lease, HWM and contention keys. A Txn whose call
+// fails may still have committed; this package reports the error and the
+// Store treats the outcome as unknown (the block is burned, never returned).
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
+)
+
+// DefaultPrefix is the etcd key prefix of format version 1.
+const DefaultPrefix = "/idrange/v1/"
+
+// Config configures a Storage. Zero fields take the documented defaults.
+type Config struct {
+	// Prefix of every key (must end in "/"). Default DefaultPrefix.
+	Prefix string
+	// Logger receives warnings (keys under the prefix this layout does not
+	// produce). Default: discard.
+	Logger *slog.Logger
+}
+
+// Storage is segment.Storage on an etcd client. It does not own the client.
+type Storage struct {
+	cli  *clientv3.Client
+	keys keys
+	log  *slog.Logger
+}
+
+var _ segment.Storage = (*Storage)(nil)
+
+// New returns a Storage over cli. A bad field is an error wrapping
+// segment.ErrInvalid that names it.
+func New(cli *clientv3.Client, cfg Config) (*Storage, error) {
+	if cli == nil {
+		return nil, fmt.Errorf("etcdstore: nil etcd client: %w", segment.ErrInvalid)
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultPrefix
+	}
+	if cfg.Prefix[len(cfg.Prefix)-1] != '/' {
+		return nil, fmt.Errorf("etcdstore: Prefix %q must end in /: %w", cfg.Prefix, segment.ErrInvalid)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Storage{cli: cli, keys: keys{prefix: cfg.Prefix}, log: cfg.Logger}, nil
+}
+
+// Prefix is the key prefix in use.
+func (s *Storage) Prefix() string { return s.keys.prefix }
+
+// LeaseKey is the etcd key holding the owner record of (region, worker).
+func (s *Storage) LeaseKey(region, worker int) string { return s.keys.lease(region, worker) }
+
+// HighWaterKey is the etcd key holding the high-water mark of (region, worker).
+func (s *Storage) HighWaterKey(region, worker int) string { return s.keys.hwm(region, worker) }
+
+// ContentionKey is the etcd key of the contention signal of (region, worker).
+func (s *Storage) ContentionKey(region, worker int) string { return s.keys.contend(region, worker) }
+
+// Grant implements segment.Storage: an etcd lease of ttl (whole seconds).
+func (s *Storage) Grant(ctx context.Context, ttl time.Duration) (int64, time.Duration, error) {
+	resp, err := s.cli.Grant(ctx, int64(ttl/time.Second))
+	if err != nil {
+		return 0, 0, err
+	}
+	return int64(resp.ID), time.Duration(resp.TTL) * time.Second, nil
+}
+
+// KeepAlive implements segment.Storage with one KeepAliveOnce.
+func (s *Storage) KeepAlive(ctx context.Context, id int64) (time.Duration, error) {
+	resp, err := s.cli.KeepAliveOnce(ctx, clientv3.LeaseID(id))
+	switch {
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		return 0, nil
+	case err != nil:
+		return 0, err
+	case resp.TTL <= 0:
+		return 0, nil
+	}
+	return time.Duration(resp.TTL) * time.Second, nil
+}
+
+// Revoke implements segment.Storage.
+func (s *Storage) Revoke(ctx context.Context, id int64) error {
+	if _, err := s.cli.Revoke(ctx, clientv3.LeaseID(id)); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return err
+	}
+	return nil
+}
+
+// Scan implements segment.Storage: one Txn of two prefix reads.
+func (s *Storage) Scan(ctx context.Context, region int) (segment.RegionView, error) {
+	lp, hp := s.keys.leasePrefix(region), s.keys.hwmPrefix(region)
+	resp, err := s.cli.Txn(ctx).Then(
+		clientv3.OpGet(lp, clientv3.WithPrefix()),
+		clientv3.OpGet(hp, clientv3.WithPrefix()),
+	).Commit()
+	if err != nil {
+		return segment.RegionView{}, err
+	}
+	v := segment.RegionView{Rev: resp.Header.Revision, Owners: map[int]segment.Entry{}, HighWaters: map[int]segment.Entry{}}
+	for i, into := range []map[int]segment.Entry{v.Owners, v.HighWaters} {
+		prefix := []string{lp, hp}[i]
+		for _, kv := range resp.Responses[i].GetResponseRange().Kvs {
+			w, ok := workerOf(kv.Key, prefix)
+			if !ok {
+				s.log.Warn("unexpected key under prefix; ignored", "prefix", prefix, "key", string(kv.Key))
+				continue
+			}
+			into[w] = *entry(kv)
+		}
+	}
+	return v, nil
+}
+
+// Code implements segment.Storage: one Txn of three reads.
+func (s *Storage) Code(ctx context.Context, region, worker int) (segment.CodeView, error) {
+	resp, err := s.cli.Txn(ctx).Then(s.codeOps(region, worker)...).Commit()
+	if err != nil {
+		return segment.CodeView{}, err
+	}
+	return viewFrom(resp), nil
+}
+
+// codeOps reads a code's lease, HWM and contention keys, in that order.
+func (s *Storage) codeOps(region, worker int) []clientv3.Op {
+	return []clientv3.Op{
+		clientv3.OpGet(s.keys.lease(region, worker)),
+		clientv3.OpGet(s.keys.hwm(region, worker)),
+		clientv3.OpGet(s.keys.contend(region, worker), clientv3.WithKeysOnly()),
+	}
+}
+
+// viewFrom builds a CodeView from a Txn response whose first three ops were
+// codeOps.
+func viewFrom(resp *clientv3.TxnResponse) segment.CodeView {
+	v := segment.CodeView{Rev: resp.Header.Revision, Owner: first(resp.Responses[0]), HighWater: first(resp.Responses[1])}
+	if c := first(resp.Responses[2]); c != nil {
+		v.Contention = c.ModRevision
+	}
+	return v
+}
+
+// CreateOwner implements segment.Storage: If the lease key does not exist
+// (CreateRevision 0) and the HWM key is at highWaterRev, put the record with
+// the lease. The token is the Txn's revision.
+func (s *Storage) CreateOwner(ctx context.Context, region, worker int, highWaterRev int64, value []byte, lease int64) (int64, bool, error) {
+	lk, hk := s.keys.lease(region, worker), s.keys.hwm(region, worker)
+	resp, err := s.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(lk), "=", 0),
+			clientv3.Compare(clientv3.ModRevision(hk), "=", highWaterRev)).
+		Then(clientv3.OpPut(lk, string(value), clientv3.WithLease(clientv3.LeaseID(lease)))).
+		Commit()
+	if err != nil {
+		return 0, false, err
+	}
+	return resp.Header.Revision, resp.Succeeded, nil
+}
+
+// CommitHighWater implements segment.Storage: the grant Txn. Its Else reads
+// the code afresh (and writes the contention key if asked), so a failed
+// compare costs no extra round trip.
+func (s *Storage) CommitHighWater(ctx context.Context, region, worker int, c segment.HighWaterCommit) (int64, bool, segment.CodeView, error) {
+	lk, hk, ck := s.keys.lease(region, worker), s.keys.hwm(region, worker), s.keys.contend(region, worker)
+	orElse := s.codeOps(region, worker)
+	if c.Signal {
+		orElse = append(orElse, clientv3.OpPut(ck, "v1"))
+	}
+	resp, err := s.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(lk), "=", c.Token),
+			clientv3.Compare(clientv3.ModRevision(lk), "=", c.OwnerRev),
+			clientv3.Compare(clientv3.ModRevision(hk), "=", c.HighWaterRev),
+			clientv3.Compare(clientv3.ModRevision(ck), "=", c.ContentionRev)).
+		Then(clientv3.OpPut(hk, string(c.Value))).
+		Else(orElse...).
+		Commit()
+	if err != nil {
+		return 0, false, segment.CodeView{}, err
+	}
+	if resp.Succeeded {
+		return resp.Header.Revision, true, segment.CodeView{}, nil
+	}
+	v := viewFrom(resp)
+	if c.Signal {
+		// Our Else wrote the contention key at this revision.
+		v.Contention = resp.Header.Revision
+	}
+	return 0, false, v, nil
+}
+
+// DeleteOwner implements segment.Storage: delete the lease key if its
+// CreateRevision is token and it is attached to lease, else read it.
+func (s *Storage) DeleteOwner(ctx context.Context, region, worker int, token, lease int64) (bool, segment.CodeView, error) {
+	lk := s.keys.lease(region, worker)
+	resp, err := s.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(lk), "=", token),
+			clientv3.Compare(clientv3.LeaseValue(lk), "=", clientv3.LeaseID(lease))).
+		Then(clientv3.OpDelete(lk)).
+		Else(clientv3.OpGet(lk)).
+		Commit()
+	if err != nil {
+		return false, segment.CodeView{}, err
+	}
+	if resp.Succeeded {
+		return true, segment.CodeView{}, nil
+	}
+	return false, segment.CodeView{Rev: resp.Header.Revision, Owner: first(resp.Responses[0])}, nil
+}
+
+// first is the single key a Get op in a Txn returned, or nil.
+func first(r *etcdserverpb.ResponseOp) *segment.Entry {
+	kvs := r.GetResponseRange().GetKvs()
+	if len(kvs) == 0 {
+		return nil
+	}
+	return entry(kvs[0])
+}
+
+func entry(kv *mvccpb.KeyValue) *segment.Entry {
+	return &segment.Entry{
+		Key: string(kv.Key), Value: kv.Value,
+		CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision, Lease: kv.Lease,
+	}
+}
+
+type keys struct{ prefix string }
+
+func (k keys) contend(region, worker int) string {
+	return fmt.Sprintf("%sr%d/contend/%03d", k.prefix, region, worker)
+}
+
+func (k keys) leasePrefix(region int) string { return fmt.Sprintf("%sr%d/lease/", k.prefix, region) }
+func (k keys) hwmPrefix(region int) string   { return fmt.Sprintf("%sr%d/hwm/", k.prefix, region) }
+func (k keys) lease(region, worker int) string {
+	return fmt.Sprintf("%s%03d", k.leasePrefix(region), worker)
+}
+func (k keys) hwm(region, worker int) string {
+	return fmt.Sprintf("%s%03d", k.hwmPrefix(region), worker)
+}
+
+// workerOf parses the worker code at the end of a key listed under prefix;
+// ok is false for any key this layout does not produce.
+func workerOf(key []byte, prefix string) (int, bool) {
+	s, found := strings.CutPrefix(string(key), prefix)
+	if !found || len(s) != 3 {
+		return 0, false
+	}
+	w := 0
+	for i := 0; i < 3; i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+		w = w*10 + int(s[i]-'0')
+	}
+	if w > snowflake.MaxWorker {
+		return 0, false
+	}
+	return w, true
+}

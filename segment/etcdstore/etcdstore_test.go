@@ -1,0 +1,358 @@
+package etcdstore_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/idrange/idrange/internal/clock"
+	"github.com/idrange/idrange/internal/embedetcd"
+	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/segment/etcdstore"
+	"github.com/idrange/idrange/segment/segmenttest"
+)
+
+// backend is an embedded etcd under the conformance suite; every Storage
+// call opens a new client (a new replica) on it.
+type backend struct {
+	srv *embedetcd.Server
+	cli *clientv3.Client
+	stg *etcdstore.Storage
+}
+
+func openBackend(t *testing.T) segmenttest.Backend {
+	srv := embedetcd.StartForTestConfig(t, embedetcd.Config{UnsafeNoFsync: true})
+	cli := srv.ClientForTest(t)
+	return &backend{srv: srv, cli: cli, stg: newStorage(t, cli)}
+}
+
+func (b *backend) Storage(t testing.TB) segment.Storage { return newStorage(t, b.srv.ClientForTest(t)) }
+func (b *backend) Put(t testing.TB, key string, value []byte, lease int64) {
+	t.Helper()
+	var opts []clientv3.OpOption
+	if lease != 0 {
+		opts = append(opts, clientv3.WithLease(clientv3.LeaseID(lease)))
+	}
+	if _, err := b.cli.Put(context.Background(), key, string(value), opts...); err != nil {
+		t.Fatal(err)
+	}
+}
+func (b *backend) Get(t testing.TB, key string) ([]byte, bool) {
+	t.Helper()
+	resp, err := b.cli.Get(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, false
+	}
+	return resp.Kvs[0].Value, true
+}
+func (b *backend) LeaseKey(r, w int) string     { return b.stg.LeaseKey(r, w) }
+func (b *backend) HighWaterKey(r, w int) string { return b.stg.HighWaterKey(r, w) }
+func (b *backend) Leases(t testing.TB) int {
+	t.Helper()
+	resp, err := b.cli.Leases(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(resp.Leases)
+}
+
+// TestConformance runs the grant rule and store tests shared with memstore
+// against etcd.
+func TestConformance(t *testing.T) { segmenttest.Run(t, openBackend) }
+
+func newStorage(t testing.TB, cli *clientv3.Client) *etcdstore.Storage {
+	t.Helper()
+	stg, err := etcdstore.New(cli, etcdstore.Config{})
+	if err != nil {
+		t.Fatalf("etcdstore.New: %v", err)
+	}
+	return stg
+}
+
+func newStore(t testing.TB, cli *clientv3.Client, cfg segment.StoreConfig) *segment.Store {
+	t.Helper()
+	return segmenttest.NewStore(t, newStorage(t, cli), cfg)
+}
+
+var testCtx = segmenttest.Ctx
+
+type counter = segmenttest.Counter
+
+var checkDisjoint = segmenttest.CheckDisjoint
+
+// TestRestartGrantsAboveEarlierBlocks stops etcd and starts it again on the
+// same data dir: new grants (from the old Store with its cached view, and
+// from a fresh Store) start above every earlier Hi, also with the service
+// clock set back 2 s.
+func TestRestartGrantsAboveEarlierBlocks(t *testing.T) {
+	t.Parallel() // each test has its own etcd
+	srv := embedetcd.StartForTest(t)
+	cli := srv.ClientForTest(t)
+	st := newStore(t, cli, segment.StoreConfig{LeaseTTL: 30 * time.Second})
+	ctx := testCtx(t)
+	l, err := st.Acquire(ctx, 3, "before-restart")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks []segment.Block
+	var maxHi int64
+	for i := 0; i < 5; i++ {
+		b, err := st.Allocate(ctx, l, 4096*1000) // 1 s of span each: HWM runs ahead of the clock
+		if err != nil {
+			t.Fatal(err)
+		}
+		blocks = append(blocks, b)
+		maxHi = max(maxHi, b.Hi)
+	}
+
+	srv.Stop()
+	dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if _, err := st.Allocate(dctx, l, 1); !errors.Is(err, segment.ErrUnavailable) {
+		t.Fatalf("Allocate with etcd down: %v, want ErrUnavailable", err)
+	}
+	if err := srv.Start(ctx); err != nil {
+		t.Fatalf("restart etcd: %v", err)
+	}
+
+	var off clock.Offset
+	off.Set(-2 * time.Second)
+	fresh := newStore(t, srv.ClientForTest(t), segment.StoreConfig{Now: off.Now})
+	for i, s := range []*segment.Store{st, fresh, st} {
+		b, err := s.Allocate(ctx, l, 4096)
+		if err != nil {
+			t.Fatalf("grant %d after restart: %v", i, err)
+		}
+		if b.Lo < maxHi {
+			t.Fatalf("grant %d after restart [%d,%d) starts below an earlier Hi %d", i, b.Lo, b.Hi, maxHi)
+		}
+		blocks = append(blocks, b)
+		maxHi = b.Hi
+	}
+	checkDisjoint(t, blocks)
+}
+
+// TestLeaseExpiresForReal lets etcd expire a lease by its TTL (no renewals)
+// and checks the owner is cut off. Synchronised on the watch event of the
+// key's deletion, not on a sleep.
+func TestLeaseExpiresForReal(t *testing.T) {
+	t.Parallel() // each test has its own etcd
+	srv := embedetcd.StartForTest(t)
+	cli := srv.ClientForTest(t)
+	st := newStore(t, cli, segment.StoreConfig{LeaseTTL: time.Second})
+	ctx := testCtx(t)
+	l, err := st.Acquire(ctx, 2, "expiring")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("asked for a 1 s lease, etcd granted %v", l.TTL)
+	if l.TTL < time.Second {
+		t.Fatalf("granted TTL %v below the request", l.TTL)
+	}
+	if _, err := st.Allocate(ctx, l, 10); err != nil {
+		t.Fatal(err)
+	}
+	wch := cli.Watch(ctx, newStorage(t, cli).LeaseKey(2, l.Worker), clientv3.WithRev(l.Token+1))
+	deleted := false
+	for !deleted {
+		select {
+		case wr, ok := <-wch:
+			if !ok || wr.Err() != nil {
+				t.Fatalf("watch ended: %v", wr.Err())
+			}
+			for _, ev := range wr.Events {
+				deleted = deleted || ev.Type == mvccpb.DELETE
+			}
+		case <-ctx.Done():
+			t.Fatal("lease key was never deleted by expiry")
+		}
+	}
+	if _, err := st.Allocate(ctx, l, 10); !errors.Is(err, segment.ErrLeaseLost) {
+		t.Fatalf("Allocate after expiry: %v, want ErrLeaseLost", err)
+	}
+	if _, err := st.Renew(ctx, l); !errors.Is(err, segment.ErrLeaseLost) {
+		t.Fatalf("Renew after expiry: %v, want ErrLeaseLost", err)
+	}
+}
+
+func TestStoreConfigValidate(t *testing.T) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:1"}, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	stg := newStorage(t, cli)
+	bad := map[string]segment.StoreConfig{
+		"LeaseTTL":     {LeaseTTL: 1500 * time.Millisecond},
+		"LeaseTTL ":    {LeaseTTL: 2 * time.Hour},
+		"OpTimeout":    {OpTimeout: -time.Second},
+		"MaxConflicts": {MaxConflicts: -1},
+		"MaxLead":      {Policy: segment.Policy{MaxLead: time.Microsecond}},
+	}
+	for field, cfg := range bad {
+		_, err := segment.NewStore(stg, cfg)
+		if !errors.Is(err, segment.ErrInvalid) || !strings.Contains(err.Error(), strings.TrimSpace(field)) {
+			t.Errorf("NewStore(%+v) = %v; want ErrInvalid naming %s", cfg, err, field)
+		}
+	}
+	if _, err := etcdstore.New(cli, etcdstore.Config{Prefix: "/no/slash"}); !errors.Is(err, segment.ErrInvalid) || !strings.Contains(err.Error(), "Prefix") {
+		t.Errorf("etcdstore.New(Prefix /no/slash) = %v; want ErrInvalid naming Prefix", err)
+	}
+	if _, err := segment.NewStore(nil, segment.StoreConfig{}); !errors.Is(err, segment.ErrInvalid) {
+		t.Errorf("NewStore(nil storage) = %v", err)
+	}
+	if _, err := etcdstore.New(nil, etcdstore.Config{}); !errors.Is(err, segment.ErrInvalid) {
+		t.Errorf("etcdstore.New(nil client) = %v", err)
+	}
+	st, err := segment.NewStore(stg, segment.StoreConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := st.Config(); stg.Prefix() != etcdstore.DefaultPrefix || c.LeaseTTL != segment.DefaultLeaseTTL ||
+		c.Policy != segment.DefaultPolicy() || c.OpTimeout != segment.DefaultOpTimeout {
+		t.Errorf("defaults not applied: %+v, prefix %q", c, stg.Prefix())
+	}
+	if got := stg.HighWaterKey(3, 7); got != "/idrange/v1/r3/hwm/007" {
+		t.Errorf("HighWaterKey = %q", got)
+	}
+	if got := stg.LeaseKey(0, 255); got != "/idrange/v1/r0/lease/255" {
+		t.Errorf("LeaseKey = %q", got)
+	}
+}
+
+// lostResponses is a gRPC interceptor that, when armed, lets a grant's Txn
+// (one with a Put) reach etcd and commit, then throws the response away and
+// reports an error: the "commit unknown" case.
+type lostResponses struct{ armed atomic.Bool }
+
+func (x *lostResponses) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+	invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	if txn, ok := req.(*pb.TxnRequest); ok && err == nil && len(txn.Success) > 0 && txn.Success[0].GetRequestPut() != nil &&
+		x.armed.CompareAndSwap(true, false) {
+		return status.Error(codes.Unknown, "injected: response lost after the commit")
+	}
+	return err
+}
+
+// TestUnknownCommitNeverReturnsTheBlock: the grant Txn commits but the
+// caller sees an error. Allocate must return ErrUnavailable and no block;
+// the next grant must start above what the lost commit wrote.
+func TestUnknownCommitNeverReturnsTheBlock(t *testing.T) {
+	t.Parallel() // each test has its own etcd
+	srv := embedetcd.StartForTestConfig(t, embedetcd.Config{UnsafeNoFsync: true})
+	var lost lostResponses
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints: srv.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(lost.intercept)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	st := newStore(t, cli, segment.StoreConfig{})
+	ctx := testCtx(t)
+	l, err := st.Acquire(ctx, 0, "lossy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b1, err := st.Allocate(ctx, l, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	lost.armed.Store(true)
+	b, err := st.Allocate(ctx, l, 4096)
+	if !errors.Is(err, segment.ErrUnavailable) || b != (segment.Block{}) {
+		t.Fatalf("Allocate with a lost response = %+v, %v; want no block and ErrUnavailable", b, err)
+	}
+	if lost.armed.Load() {
+		t.Fatal("the injection did not fire")
+	}
+	burned, err := st.HighWater(ctx, 0, l.Worker)
+	if err != nil || burned <= b1.Hi {
+		t.Fatalf("HWM %d (%v): the lost commit should have raised it above %d", burned, err, b1.Hi)
+	}
+	b3, err := st.Allocate(ctx, l, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b3.Lo < burned {
+		t.Fatalf("grant after the lost commit starts at %d, inside the burned range below %d", b3.Lo, burned)
+	}
+
+	// A context that ends before the commit: no block either.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if b, err := st.Allocate(cctx, l, 4096); err == nil || b != (segment.Block{}) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Allocate with a cancelled context = %+v, %v", b, err)
+	}
+	if b4, err := st.Allocate(ctx, l, 4096); err != nil || b4.Lo < b3.Hi {
+		t.Fatalf("grant after the cancelled one: %+v, %v", b4, err)
+	}
+}
+
+// BenchmarkAllocate measures one grant round trip (a fenced Txn, fsync on)
+// against the embedded etcd. Run: go test -run X -bench Allocate ./segment/etcdstore
+func BenchmarkAllocate(b *testing.B) {
+	srv := embedetcd.StartForTest(b)
+	st := newStore(b, srv.ClientForTest(b), segment.StoreConfig{})
+	ctx := testCtx(b)
+	l, err := st.Acquire(ctx, 0, "bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := st.Allocate(ctx, l, 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkAllocateTwoReplicas: parallel callers on one code through two
+// Stores, the contended case (conflicts per grant are reported).
+func BenchmarkAllocateTwoReplicas(b *testing.B) {
+	srv := embedetcd.StartForTest(b)
+	obs := &counter{}
+	stores := []*segment.Store{
+		newStore(b, srv.ClientForTest(b), segment.StoreConfig{Observer: obs}),
+		newStore(b, srv.ClientForTest(b), segment.StoreConfig{Observer: obs}),
+	}
+	ctx := testCtx(b)
+	l, err := stores[0].Acquire(ctx, 0, "bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var next, starved atomic.Int64
+	b.SetParallelism(4)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		st := stores[next.Add(1)%2]
+		for pb.Next() {
+			_, err := st.Allocate(ctx, l, 1)
+			switch {
+			case errors.Is(err, segment.ErrUnavailable) && strings.Contains(err.Error(), "races"):
+				starved.Add(1) // gave up after MaxConflicts lost races: retryable
+			case err != nil:
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(obs.NConflicts.Load())/float64(max(obs.NGranted.Load(), 1)), "conflicts/grant")
+	b.ReportMetric(float64(starved.Load())/float64(b.N), "starved/op")
+}

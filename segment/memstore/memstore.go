@@ -1,0 +1,296 @@
+// Package memstore is segment.Storage in memory: versioned bytes, a revision
+// counter and TTL leases, for tests and the in-memory range service
+// (rangeclient/rangeclienttest). It decides nothing: the grant rule, fencing
+// and value checks run in segment.Store, the same code as over etcd.
+//
+// Leases expire by time.Now, checked lazily on every call, so a Storage
+// works inside a testing/synctest bubble.
+package memstore
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
+)
+
+// Storage is an in-memory segment.Storage. The zero value is not usable;
+// call New. Safe for concurrent use.
+type Storage struct {
+	mu        sync.Mutex
+	rev       int64
+	kvs       map[string]*segment.Entry
+	leases    map[int64]*lease
+	nextLease int64
+}
+
+type lease struct {
+	ttl     time.Duration
+	expires time.Time
+	keys    map[string]bool
+}
+
+var _ segment.Storage = (*Storage)(nil)
+
+// New returns an empty Storage.
+func New() *Storage {
+	return &Storage{kvs: map[string]*segment.Entry{}, leases: map[int64]*lease{}, nextLease: 0x1000}
+}
+
+// Key layout, as etcd's without a prefix.
+
+// LeaseKey names the owner entry of (region, worker).
+func LeaseKey(region, worker int) string { return fmt.Sprintf("r%d/lease/%03d", region, worker) }
+
+// HighWaterKey names the high-water entry of (region, worker).
+func HighWaterKey(region, worker int) string { return fmt.Sprintf("r%d/hwm/%03d", region, worker) }
+
+// ContentionKey names the contention signal of (region, worker).
+func ContentionKey(region, worker int) string {
+	return fmt.Sprintf("r%d/contend/%03d", region, worker)
+}
+
+// expireLocked deletes the entries of every lease whose TTL has run out, as
+// etcd's lessor does (one revision per lease).
+func (s *Storage) expireLocked() {
+	now := time.Now()
+	for id, l := range s.leases {
+		if now.Before(l.expires) {
+			continue
+		}
+		s.revokeLocked(id)
+	}
+}
+
+func (s *Storage) revokeLocked(id int64) {
+	l, ok := s.leases[id]
+	if !ok {
+		return
+	}
+	delete(s.leases, id)
+	if len(l.keys) == 0 {
+		return
+	}
+	s.rev++
+	for k := range l.keys {
+		delete(s.kvs, k)
+	}
+}
+
+// putLocked writes value under key at the current revision (the caller has
+// raised it), attached to lease (0: none; it must exist).
+func (s *Storage) putLocked(key string, value []byte, leaseID int64) {
+	e := s.kvs[key]
+	if e == nil {
+		e = &segment.Entry{Key: key, CreateRevision: s.rev}
+		s.kvs[key] = e
+	}
+	if e.Lease != 0 && e.Lease != leaseID {
+		if old := s.leases[e.Lease]; old != nil {
+			delete(old.keys, key)
+		}
+	}
+	e.Value = append([]byte(nil), value...)
+	e.ModRevision = s.rev
+	e.Lease = leaseID
+	if leaseID != 0 {
+		s.leases[leaseID].keys[key] = true
+	}
+}
+
+func (s *Storage) getLocked(key string) *segment.Entry {
+	e := s.kvs[key]
+	if e == nil {
+		return nil
+	}
+	c := *e
+	c.Value = append([]byte(nil), e.Value...)
+	return &c
+}
+
+func (s *Storage) modRevLocked(key string) int64 {
+	if e := s.kvs[key]; e != nil {
+		return e.ModRevision
+	}
+	return 0
+}
+
+func (s *Storage) createRevLocked(key string) int64 {
+	if e := s.kvs[key]; e != nil {
+		return e.CreateRevision
+	}
+	return 0
+}
+
+func (s *Storage) codeLocked(region, worker int) segment.CodeView {
+	return segment.CodeView{
+		Rev:        s.rev,
+		Owner:      s.getLocked(LeaseKey(region, worker)),
+		HighWater:  s.getLocked(HighWaterKey(region, worker)),
+		Contention: s.modRevLocked(ContentionKey(region, worker)),
+	}
+}
+
+// begin locks s and applies expiry; it fails like a dead connection if ctx
+// is done.
+func (s *Storage) begin(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.expireLocked()
+	return nil
+}
+
+// Put writes value under key (a name from LeaseKey, HighWaterKey or
+// ContentionKey) attached to lease (0: none), bypassing every compare, as
+// `etcdctl put` would: tests use it to corrupt values.
+func (s *Storage) Put(key string, value []byte, lease int64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.expireLocked()
+	if lease != 0 && s.leases[lease] == nil {
+		return fmt.Errorf("memstore: lease %x not found", lease)
+	}
+	s.rev++
+	s.putLocked(key, value, lease)
+	return nil
+}
+
+// Leases is the number of live leases.
+func (s *Storage) Leases() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.expireLocked()
+	return len(s.leases)
+}
+
+// Grant implements segment.Storage; the TTL granted is ttl.
+func (s *Storage) Grant(ctx context.Context, ttl time.Duration) (int64, time.Duration, error) {
+	if err := s.begin(ctx); err != nil {
+		return 0, 0, err
+	}
+	defer s.mu.Unlock()
+	s.nextLease++
+	s.leases[s.nextLease] = &lease{ttl: ttl, expires: time.Now().Add(ttl), keys: map[string]bool{}}
+	return s.nextLease, ttl, nil
+}
+
+// KeepAlive implements segment.Storage.
+func (s *Storage) KeepAlive(ctx context.Context, id int64) (time.Duration, error) {
+	if err := s.begin(ctx); err != nil {
+		return 0, err
+	}
+	defer s.mu.Unlock()
+	l := s.leases[id]
+	if l == nil {
+		return 0, nil
+	}
+	l.expires = time.Now().Add(l.ttl)
+	return l.ttl, nil
+}
+
+// Revoke implements segment.Storage.
+func (s *Storage) Revoke(ctx context.Context, id int64) error {
+	if err := s.begin(ctx); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	s.revokeLocked(id)
+	return nil
+}
+
+// Scan implements segment.Storage.
+func (s *Storage) Scan(ctx context.Context, region int) (segment.RegionView, error) {
+	if err := s.begin(ctx); err != nil {
+		return segment.RegionView{}, err
+	}
+	defer s.mu.Unlock()
+	v := segment.RegionView{Rev: s.rev, Owners: map[int]segment.Entry{}, HighWaters: map[int]segment.Entry{}}
+	for w := 0; w <= snowflake.MaxWorker; w++ {
+		if e := s.getLocked(LeaseKey(region, w)); e != nil {
+			v.Owners[w] = *e
+		}
+		if e := s.getLocked(HighWaterKey(region, w)); e != nil {
+			v.HighWaters[w] = *e
+		}
+	}
+	return v, nil
+}
+
+// Code implements segment.Storage.
+func (s *Storage) Code(ctx context.Context, region, worker int) (segment.CodeView, error) {
+	if err := s.begin(ctx); err != nil {
+		return segment.CodeView{}, err
+	}
+	defer s.mu.Unlock()
+	return s.codeLocked(region, worker), nil
+}
+
+// CreateOwner implements segment.Storage.
+func (s *Storage) CreateOwner(ctx context.Context, region, worker int, highWaterRev int64, value []byte, leaseID int64) (int64, bool, error) {
+	if err := s.begin(ctx); err != nil {
+		return 0, false, err
+	}
+	defer s.mu.Unlock()
+	lk := LeaseKey(region, worker)
+	if s.createRevLocked(lk) != 0 || s.modRevLocked(HighWaterKey(region, worker)) != highWaterRev {
+		return 0, false, nil
+	}
+	if s.leases[leaseID] == nil {
+		return 0, false, fmt.Errorf("memstore: lease %x not found", leaseID)
+	}
+	s.rev++
+	s.putLocked(lk, value, leaseID)
+	return s.rev, true, nil
+}
+
+// CommitHighWater implements segment.Storage.
+func (s *Storage) CommitHighWater(ctx context.Context, region, worker int, c segment.HighWaterCommit) (int64, bool, segment.CodeView, error) {
+	if err := s.begin(ctx); err != nil {
+		return 0, false, segment.CodeView{}, err
+	}
+	defer s.mu.Unlock()
+	lk, hk, ck := LeaseKey(region, worker), HighWaterKey(region, worker), ContentionKey(region, worker)
+	if s.createRevLocked(lk) == c.Token && s.modRevLocked(lk) == c.OwnerRev &&
+		s.modRevLocked(hk) == c.HighWaterRev && s.modRevLocked(ck) == c.ContentionRev {
+		s.rev++
+		s.putLocked(hk, c.Value, 0)
+		return s.rev, true, segment.CodeView{}, nil
+	}
+	if c.Signal {
+		s.rev++
+		s.putLocked(ck, []byte("v1"), 0)
+	}
+	return 0, false, s.codeLocked(region, worker), nil
+}
+
+// DeleteOwner implements segment.Storage.
+func (s *Storage) DeleteOwner(ctx context.Context, region, worker int, token, leaseID int64) (bool, segment.CodeView, error) {
+	if err := s.begin(ctx); err != nil {
+		return false, segment.CodeView{}, err
+	}
+	defer s.mu.Unlock()
+	lk := LeaseKey(region, worker)
+	e := s.kvs[lk]
+	if e == nil || e.CreateRevision != token || e.Lease != leaseID {
+		return false, segment.CodeView{Rev: s.rev, Owner: s.getLocked(lk)}, nil
+	}
+	s.rev++
+	delete(s.kvs, lk)
+	if l := s.leases[e.Lease]; l != nil {
+		delete(l.keys, lk)
+	}
+	return true, segment.CodeView{}, nil
+}
+
+// Get returns a copy of the entry under key, or nil if it is absent.
+func (s *Storage) Get(key string) *segment.Entry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.expireLocked()
+	return s.getLocked(key)
+}
