@@ -17,9 +17,9 @@ package wire
 
 import (
 	"context"
+	"errors"
 	"time"
 
-	"github.com/cockroachdb/errors"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
