@@ -63,6 +63,9 @@ func (f *fakeAlloc) Renew(_ context.Context, l segment.Lease) (segment.Lease, er
 func (f *fakeAlloc) Release(_ context.Context, l segment.Lease) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.fail != nil {
+		return f.fail
+	}
 	if f.tokens[l.Worker] != l.Token {
 		return fmt.Errorf("token %d: %w", l.Token, segment.ErrFenced)
 	}

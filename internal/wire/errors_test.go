@@ -3,7 +3,6 @@ package wire
 import (
 	"context"
 	"errors"
-	stderrors "errors"
 	"fmt"
 	"testing"
 	"time"
@@ -51,7 +50,7 @@ func TestMappingRoundTrip(t *testing.T) {
 				t.Fatalf("message = %q, want %q", got, orig.Error())
 			}
 			back := FromStatus(st)
-			if !errors.Is(back, tc.sentinel) || !stderrors.Is(back, tc.sentinel) {
+			if !errors.Is(back, tc.sentinel) {
 				t.Fatalf("FromStatus(%v) does not wrap %v", back, tc.sentinel)
 			}
 			for _, other := range cases {
