@@ -2,13 +2,14 @@ package rangeclient
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	"github.com/cockroachdb/errors"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -177,11 +178,11 @@ func TestErrorIdentities(t *testing.T) {
 	if !errors.Is(lost, ErrLeaseLost) || !errors.Is(lost, segment.ErrLeaseLost) || errors.Is(lost, ErrFenced) {
 		t.Errorf("lease lost error: %v", lost)
 	}
-	f := fencedError(errors.Wrap(segment.ErrLeaseLost, "svc"), "x")
+	f := fencedError(fmt.Errorf("svc: %w", segment.ErrLeaseLost), "x")
 	if !errors.Is(f, ErrFenced) || !errors.Is(f, segment.ErrLeaseLost) || errors.Is(f, ErrLeaseLost) {
 		t.Errorf("fenced (lease gone in the service) error: %v", f)
 	}
-	f2 := fencedError(errors.Wrap(segment.ErrFenced, "svc"), "x")
+	f2 := fencedError(fmt.Errorf("svc: %w", segment.ErrFenced), "x")
 	if !errors.Is(f2, ErrFenced) || !errors.Is(f2, segment.ErrFenced) {
 		t.Errorf("fenced error: %v", f2)
 	}

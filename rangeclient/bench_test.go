@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/rangeclient/rangeclienttest"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -30,10 +29,7 @@ import (
 //     BenchmarkNextMechanism there reads no real clock at all: a floor. They
 //     live there because the generator's clock is not public API.
 //
-// "rangeclient/clock-interface" injects a clock (clock.Offset): it then
-// reads two clocks per ID, the injected one and Go's monotonic clock for
-// the second safety deadline. stalls/op counts calls that waited for a
-// block.
+// stalls/op counts calls that waited for a block.
 
 func benchClient(b *testing.B, edit func(*Config)) *Client {
 	b.Helper()
@@ -86,11 +82,6 @@ func reportStalls(b *testing.B, c *Client) {
 func BenchmarkNext(b *testing.B) {
 	b.Run("rangeclient", func(b *testing.B) {
 		c := benchClient(b, nil)
-		runNext(b, c)
-		reportStalls(b, c)
-	})
-	b.Run("rangeclient/clock-interface", func(b *testing.B) {
-		c := benchClient(b, func(cfg *Config) { cfg.Clock = &clock.Offset{} })
 		runNext(b, c)
 		reportStalls(b, c)
 	})

@@ -28,13 +28,10 @@ type block struct {
 	// service ns since the epoch = now + offset (ServiceTime at grant +
 	// local time elapsed since the reply arrived).
 	offset int64
-	// validLocal is the local monotonic instant the block stops being
+	// validUntil is the local monotonic instant the block stops being
 	// usable: the sent time of the request plus (ValidUntil - ServiceTime).
 	// Measuring from the send (not the arrival) errs on the early side.
-	validLocal int64
-	// validReal is the same instant on Go's monotonic clock (checked only
-	// with an injected Config.Clock, which may step back).
-	validReal int64
+	validUntil int64
 	// kickAt: once the cursor reaches it, the hot path wakes the refill
 	// loop (the ID-based prefetch trigger).
 	kickAt int64
@@ -52,13 +49,12 @@ type block struct {
 	kicked  atomic.Bool
 }
 
-func newBlock(sb segment.Block, l *leaseState, sent, rsent, arrive int64) *block {
+func newBlock(sb segment.Block, l *leaseState, sent, arrive int64) *block {
 	b := &block{
 		hi:         sb.Hi,
 		base:       int64(sb.Region)<<(snowflake.SequenceBits+snowflake.WorkerBits) | int64(sb.Worker)<<snowflake.SequenceBits,
 		offset:     sb.ServiceTime.Sub(snowflake.Epoch).Nanoseconds() - arrive,
-		validLocal: sent + sb.ValidUntil.Sub(sb.ServiceTime).Nanoseconds(),
-		validReal:  rsent + sb.ValidUntil.Sub(sb.ServiceTime).Nanoseconds(),
+		validUntil: sent + sb.ValidUntil.Sub(sb.ServiceTime).Nanoseconds(),
 		kickAt:     sb.Hi, // set properly by the refill loop
 		lease:      l,
 		lo:         sb.Lo,
@@ -141,7 +137,7 @@ func (b *block) id(l int64) snowflake.ID {
 // block's validity ended, the cursor reached hi, or service time passed
 // the millisecond of hi-1 (the rest of the block is a gap).
 func (b *block) finished(now int64) bool {
-	if now >= b.validLocal {
+	if now >= b.validUntil {
 		return true
 	}
 	return max(b.cursor.Load()+1, b.floorL(now)) >= b.hi
@@ -149,7 +145,7 @@ func (b *block) finished(now int64) bool {
 
 // left is how many positions can still be taken at now.
 func (b *block) left(now int64) int64 {
-	if now >= b.validLocal {
+	if now >= b.validUntil {
 		return 0
 	}
 	return max(0, b.hi-max(b.cursor.Load()+1, b.floorL(now)))

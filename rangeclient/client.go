@@ -2,12 +2,13 @@ package rangeclient
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/cockroachdb/errors"
 	"google.golang.org/grpc"
 
 	"github.com/idrange/idrange/internal/clock"
@@ -24,13 +25,10 @@ type Client struct {
 	conns []*grpc.ClientConn // none with Config.Allocator
 	log   *slog.Logger
 
-	// Local time: nanoseconds since origin on the injected clock, plus a
-	// correction for readings that went backwards (custom clocks only).
-	sysClock bool
-	clk      clock.Clock
-	origin   time.Time
-	skew     atomic.Int64
-	rorigin  time.Time // Go's monotonic clock, for the second safety deadline
+	// origin is the client's start on Go's monotonic clock: every local
+	// instant is nanoseconds since it (Client.now), so a step of the wall
+	// clock cannot reach the client.
+	origin time.Time
 
 	cur   atomic.Pointer[block] // block minted from
 	next  atomic.Pointer[block] // prefetched block, promoted when cur ends
@@ -65,7 +63,7 @@ type counters struct {
 	refills, refillErrors, backpressure, discarded atomic.Uint64
 	stalls                                         atomic.Uint64
 	acquisitions, renewals, renewalFailures        atomic.Uint64
-	expiries, fenced, clockRollbacks               atomic.Uint64
+	expiries, fenced                               atomic.Uint64
 }
 
 // New validates cfg, acquires a worker-code lease and waits for the first
@@ -81,7 +79,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	c := &Client{
 		cfg:    cfg,
 		log:    cfg.Logger,
-		clk:    cfg.Clock,
+		origin: time.Now(),
 		waitCh: make(chan struct{}),
 		recent: make([]*block, 0, 8),
 		kick:   make(chan struct{}, 1),
@@ -89,14 +87,6 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
-	switch cfg.Clock.(type) {
-	case nil, clock.System, *clock.System:
-		c.sysClock = true
-		c.origin = time.Now()
-	default:
-		c.origin = cfg.Clock.Now()
-	}
-	c.rorigin = time.Now()
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	if cfg.Allocator != nil {
 		c.alloc = cfg.Allocator
@@ -104,7 +94,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		alloc, conns, err := dial(cfg, c.log)
 		if err != nil {
 			c.cancel()
-			return nil, errors.Wrapf(err, "rangeclient: dial %v", cfg.Targets)
+			return nil, fmt.Errorf("rangeclient: dial %v: %w", cfg.Targets, err)
 		}
 		c.alloc, c.conns = alloc, conns
 	}
@@ -113,7 +103,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		c.metrics = newCollector(c)
 		if err := cfg.Registerer.Register(c.metrics); err != nil {
 			c.abort()
-			return nil, errors.Wrap(err, "rangeclient: register metrics (wrap Config.Registerer with distinct labels per client)")
+			return nil, fmt.Errorf("rangeclient: register metrics (wrap Config.Registerer with distinct labels per client): %w", err)
 		}
 	}
 	l, err := c.firstLease(ctx)
@@ -159,7 +149,7 @@ func (c *Client) firstLease(ctx context.Context) (*leaseState, error) {
 		}
 		c.log.Warn("rangeclient: acquire failed; retrying", "err", err)
 		if serr := clock.Sleep(ctx, bo.next()); serr != nil {
-			return nil, errors.Mark(errors.Wrap(errors.Join(serr, err), "rangeclient: no lease before the context ended"), ErrUnavailable)
+			return nil, mark(fmt.Errorf("rangeclient: no lease before the context ended: %w", join(serr, err)), ErrUnavailable)
 		}
 	}
 }
@@ -176,7 +166,7 @@ func (c *Client) waitFirstBlock(ctx context.Context) error {
 			return nil
 		}
 		if rerr != nil && isFinalRefillError(rerr) {
-			return errors.Wrap(rerr, "rangeclient: first block")
+			return fmt.Errorf("rangeclient: first block: %w", rerr)
 		}
 		select {
 		case <-ch:
@@ -192,40 +182,22 @@ func (c *Client) waitFirstBlock(ctx context.Context) error {
 // error (backpressure, service unreachable) both in the chain.
 func unavailable(ctxErr, refillErr error) error {
 	if refillErr != nil {
-		return errors.Mark(errors.Wrap(errors.Join(ctxErr, refillErr), "rangeclient: no block available"), ErrUnavailable)
+		return mark(fmt.Errorf("rangeclient: no block available: %w", join(ctxErr, refillErr)), ErrUnavailable)
 	}
-	return errors.Mark(errors.Wrap(ctxErr, "rangeclient: no block available yet"), ErrUnavailable)
+	return mark(fmt.Errorf("rangeclient: no block available yet: %w", ctxErr), ErrUnavailable)
 }
 
-// now is the local monotonic time in ns since the client started.
+// now is the local time: nanoseconds since the client started, on Go's
+// monotonic clock. It never goes backwards, and a wall-clock step does not
+// move it.
 func (c *Client) now() int64 {
-	if c.sysClock {
-		return int64(time.Since(c.origin))
-	}
-	return int64(c.clk.Now().Sub(c.origin)) + c.skew.Load()
+	return int64(time.Since(c.origin))
 }
 
-// rnow is Go's monotonic clock in ns since the client started: the same as
-// now with the default clock.
-func (c *Client) rnow() int64 {
-	if c.sysClock {
-		return c.now()
-	}
-	return int64(time.Since(c.rorigin))
-}
-
-// fresh reports whether b may mint at now: its lease's safety deadline and
-// its own validity, on the client's clock and (only with an injected clock,
-// which may step back) also on Go's monotonic clock.
+// fresh reports whether b may mint at now: before its lease's safety
+// deadline and before its own validity ends.
 func (c *Client) fresh(b *block, now int64) bool {
-	if now >= b.lease.deadline.Load() || now >= b.validLocal {
-		return false
-	}
-	if c.sysClock {
-		return true
-	}
-	r := c.rnow()
-	return r < b.lease.rdeadline.Load() && r < b.validReal
+	return now < b.lease.deadline.Load() && now < b.validUntil
 }
 
 // Next returns a new ID. At steady state it is one clock reading and one
@@ -263,7 +235,7 @@ func (c *Client) Next(ctx context.Context) (snowflake.ID, error) {
 // valid and unique.
 func (c *Client) NextN(ctx context.Context, n int) ([]snowflake.ID, error) {
 	if n < 0 {
-		return nil, errors.Newf("rangeclient: NextN count %d is negative", n)
+		return nil, fmt.Errorf("rangeclient: NextN count %d is negative", n)
 	}
 	return c.AppendN(ctx, make([]snowflake.ID, 0, n), n)
 }
@@ -272,7 +244,7 @@ func (c *Client) NextN(ctx context.Context, n int) ([]snowflake.ID, error) {
 // allocate when dst has room.
 func (c *Client) AppendN(ctx context.Context, dst []snowflake.ID, n int) ([]snowflake.ID, error) {
 	if n < 0 {
-		return dst, errors.Newf("rangeclient: AppendN count %d is negative", n)
+		return dst, fmt.Errorf("rangeclient: AppendN count %d is negative", n)
 	}
 	for n > 0 {
 		b, first, k, err := c.reserve(ctx, int64(n))
@@ -336,7 +308,7 @@ func (c *Client) reserveSlow(ctx context.Context, n int64) (*block, int64, int64
 			continue
 		}
 		if rerr != nil && isFinalRefillError(rerr) {
-			return nil, 0, 0, errors.Wrap(rerr, "rangeclient: no block buffered and the service refuses to grant one")
+			return nil, 0, 0, fmt.Errorf("rangeclient: no block buffered and the service refuses to grant one: %w", rerr)
 		}
 		if !waiting {
 			waiting = true
@@ -394,7 +366,7 @@ func (c *Client) rotate(b *block) {
 
 // usable reports whether b can still mint under the current lease l.
 func (c *Client) usable(b *block, l *leaseState, now int64) bool {
-	return b.lease == l && l.err(now) == nil && !b.finished(now) && (c.sysClock || c.rnow() < b.validReal)
+	return b.lease == l && l.err(now) == nil && !b.finished(now)
 }
 
 // normalizeLocked retires finished or stale blocks and promotes the
@@ -473,10 +445,10 @@ func (c *Client) close() error {
 	c.mu.Unlock()
 	c.wg.Wait()
 
-	var errs error
+	var errs []error
 	if alive {
 		if err := c.releaseQuietly(l.seg); err != nil {
-			errs = errors.CombineErrors(errs, errors.Wrap(err, "rangeclient: release lease"))
+			errs = append(errs, fmt.Errorf("rangeclient: release lease: %w", err))
 		}
 	}
 	if c.metrics != nil {
@@ -484,8 +456,8 @@ func (c *Client) close() error {
 	}
 	for _, conn := range c.conns {
 		if err := conn.Close(); err != nil {
-			errs = errors.CombineErrors(errs, errors.Wrap(err, "rangeclient: close connection"))
+			errs = append(errs, fmt.Errorf("rangeclient: close connection: %w", err))
 		}
 	}
-	return errs
+	return join(errs...)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idrange/idrange/rangeclient/rangeclienttest"
+	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -112,32 +113,84 @@ func TestConcurrentCallersAtMillisecondBoundaries(t *testing.T) {
 	})
 }
 
-// jumpClock advances 1 ms per reading: every Next is a jump of the cursor
-// to a new millisecond, the path where callers race on the gap count.
-type jumpClock struct {
-	base time.Time
-	n    atomic.Int64
+// Callers racing on jumps: under synctest's fake time every caller sleeps
+// 1 ms before each Next, so all of them wake in a new millisecond at once
+// and race to jump the cursor there, the path where callers race on the gap
+// count. No ID twice, and the minted count stays exact.
+func TestConcurrentCallersRacingOnJumps(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc := rangeclienttest.New(rangeclienttest.Options{Region: 1, Start: bubbleStart, TTL: time.Hour, MaxLead: time.Hour})
+		c := newTestClient(t, svc.Conn(), nil)
+		const goroutines, per = 32, 2000
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		out := mintConcurrently(t, goroutines, per, func() (snowflake.ID, error) {
+			time.Sleep(time.Millisecond)
+			return c.Next(ctx)
+		})
+		var all []snowflake.ID
+		for _, ids := range out {
+			all = append(all, ids...)
+		}
+		checkUnique(t, all)
+		checkInGrants(t, svc, all)
+		if got := c.Stats().Minted; got != int64(len(all)) {
+			t.Fatalf("Stats.Minted = %d, minted %d", got, len(all))
+		}
+	})
 }
 
-func (c *jumpClock) Now() time.Time { return c.base.Add(time.Duration(c.n.Add(1)) * time.Millisecond) }
-
-// Callers racing on jumps (every call starts a new millisecond): no ID
-// twice, and the minted count stays exact.
-func TestConcurrentCallersRacingOnJumps(t *testing.T) {
-	svc := rangeclienttest.New(rangeclienttest.Options{Region: 1, TTL: time.Hour, MaxLead: time.Hour})
-	c := newTestClient(t, svc.Conn(), func(cfg *Config) { cfg.Clock = &jumpClock{base: time.Now()} })
-	const goroutines, per = 32, 2000
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	out := mintConcurrently(t, goroutines, per, func() (snowflake.ID, error) { return c.Next(ctx) })
-	var all []snowflake.ID
-	for _, ids := range out {
-		all = append(all, ids...)
+// Callers racing on jumps at the block itself: each take reads a local
+// instant 1 ms past the previous one (as a client reading the clock at 1
+// call per ms would), so every take1 and take is a jump of the cursor, the
+// path where concurrent callers add and take back speculative gap counts.
+// No position twice, and the block's minted count is exact. (The client
+// test above cannot make every call a jump: the client reads Go's
+// monotonic clock only.)
+func TestBlockTakesRacingOnJumps(t *testing.T) {
+	const goroutines, ms = 32, 100_000
+	sb := segment.Block{Region: 1, Worker: 7, Lo: 1 << seqBits, Hi: (ms + 1) << seqBits,
+		ServiceTime: snowflake.Epoch, ValidUntil: snowflake.Epoch.Add(time.Hour)}
+	l := &leaseState{}
+	b := newBlock(sb, l, 0, 0)
+	var clock atomic.Int64 // local instant of the next take, ns
+	out := make([][]int64, goroutines)
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		out[g] = make([]int64, 0, 4*ms/goroutines) // no growth while racing
+		wg.Go(func() {
+			for {
+				now := clock.Add(nsPerMs)
+				if g%2 == 0 {
+					p, ok := b.take1(now)
+					if !ok {
+						return
+					}
+					out[g] = append(out[g], p)
+					continue
+				}
+				f, k, ok := b.take(now, 3)
+				if !ok {
+					return
+				}
+				for p := f; p < f+k; p++ {
+					out[g] = append(out[g], p)
+				}
+			}
+		})
 	}
-	checkUnique(t, all)
-	checkInGrants(t, svc, all)
-	if got := c.Stats().Minted; got != int64(len(all)) {
-		t.Fatalf("Stats.Minted = %d, minted %d", got, len(all))
+	wg.Wait()
+	seen := map[int64]bool{}
+	for _, ps := range out {
+		for _, p := range ps {
+			if seen[p] || p < sb.Lo || p >= sb.Hi {
+				t.Fatalf("position %d taken twice or outside [%d, %d)", p, sb.Lo, sb.Hi)
+			}
+			seen[p] = true
+		}
+	}
+	if got := b.minted(); got != int64(len(seen)) {
+		t.Fatalf("block minted = %d, taken %d", got, len(seen))
 	}
 }
 

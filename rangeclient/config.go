@@ -11,11 +11,9 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/cockroachdb/errors"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
-	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -131,14 +129,6 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Logger receives lease and refill events; nil discards them.
 	Logger *slog.Logger
-	// Clock is the local time source. Only differences of its readings are
-	// used (elapsed time since a block arrived, the safety deadline); the
-	// default is Go's monotonic clock. Tests inject offsets, or use
-	// synctest's fake time with the default. An injected clock can only
-	// shorten the safety interval: the deadline is also kept on Go's
-	// monotonic clock. A reading that goes backwards is compensated, and
-	// cannot move the cursor backwards in any case.
-	Clock clock.Clock
 }
 
 // withDefaults returns c with zero fields replaced by their defaults.
@@ -193,7 +183,7 @@ const maxOwnerLen = 256
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	bad := func(format string, args ...any) error {
-		return errors.Wrapf(ErrInvalidConfig, format, args...)
+		return fmt.Errorf(format+": %w", append(args, ErrInvalidConfig)...)
 	}
 	switch {
 	case len(c.Targets) == 0 && c.Allocator == nil:
@@ -242,21 +232,20 @@ func checkTargets(ts []string) error {
 	for i, t := range ts {
 		if strings.Contains(t, "://") {
 			if len(ts) != 1 {
-				return errors.Wrapf(ErrInvalidConfig,
-					"Config.Targets[%d] %q has a scheme; a target with a scheme must be the only one", i, t)
+				return fmt.Errorf("Config.Targets[%d] %q has a scheme; a target with a scheme must be the only one: %w", i, t, ErrInvalidConfig)
 			}
 			continue
 		}
 		host, port, err := net.SplitHostPort(t)
 		if err != nil {
-			return errors.Wrapf(ErrInvalidConfig, "Config.Targets[%d] %q is not host:port: %v", i, t, err)
+			return fmt.Errorf("Config.Targets[%d] %q is not host:port: %v: %w", i, t, err, ErrInvalidConfig)
 		}
 		p, err := strconv.Atoi(port)
 		if err != nil || p < 1 || p > 65535 {
-			return errors.Wrapf(ErrInvalidConfig, "Config.Targets[%d] %q: port %q not in 1..65535", i, t, port)
+			return fmt.Errorf("Config.Targets[%d] %q: port %q not in 1..65535: %w", i, t, port, ErrInvalidConfig)
 		}
 		if host == "" {
-			return errors.Wrapf(ErrInvalidConfig, "Config.Targets[%d] %q has no host", i, t)
+			return fmt.Errorf("Config.Targets[%d] %q has no host: %w", i, t, ErrInvalidConfig)
 		}
 	}
 	return nil

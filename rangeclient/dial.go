@@ -2,13 +2,14 @@ package rangeclient
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"sync/atomic"
 	"time"
 
-	"github.com/cockroachdb/errors"
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
@@ -55,7 +56,7 @@ func dial(cfg Config, log *slog.Logger) (segment.Allocator, []*grpc.ClientConn, 
 			for _, c := range conns {
 				c.Close()
 			}
-			return nil, nil, errors.Wrapf(err, "target %q", t)
+			return nil, nil, fmt.Errorf("target %q: %w", t, err)
 		}
 		conns = append(conns, conn)
 		rs.targets = append(rs.targets, t)

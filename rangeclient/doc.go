@@ -99,12 +99,9 @@
 // that time passed). The deadline is the second line, and the one SPEC
 // requires: stop without a network call once the lease may be gone.
 //
-// The local clock (Config.Clock) is used only for elapsed times, never for
-// the timestamps themselves, so a wall-clock step on the client cannot move
-// IDs. An injected clock that steps backwards cannot move the cursor back
-// (it only ever grows), and cannot extend the safety deadline either: that
-// deadline is kept on Go's monotonic clock too, and the earlier of the two
-// applies. The refill loop also detects the step and compensates it.
+// The client reads only Go's monotonic clock (time.Since), and only for
+// elapsed times, never for the timestamps themselves: a wall-clock step on
+// the client reaches neither the IDs nor the safety deadline.
 //
 // # Replicas
 //
@@ -130,7 +127,7 @@
 // refill_latency_seconds, buffer_depth_ids, buffer_seconds, stalls_total,
 // backpressure_total, lease_acquisitions_total, lease_renewals_total,
 // lease_renewal_failures_total, safety_deadline_expiries_total,
-// fenced_total, clock_rollbacks_total, lease_safe_seconds, serving,
+// fenced_total, lease_safe_seconds, serving,
 // rate_ids_per_second and lease_info. They are read from atomic counters
 // at scrape time; the number of IDs minted is derived from the blocks'
 // cursors, so counting costs the hot path nothing.

@@ -1,7 +1,9 @@
 package rangeclient
 
 import (
-	"github.com/cockroachdb/errors"
+	"errors"
+	"fmt"
+	"strings"
 
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -64,14 +66,57 @@ func IsRetryable(err error) bool {
 // leaseLostError wraps ErrLeaseLost with detail and marks it as
 // segment.ErrLeaseLost, so callers checking either sentinel see it.
 func leaseLostError(format string, args ...any) error {
-	return errors.Mark(errors.Wrapf(ErrLeaseLost, format, args...), segment.ErrLeaseLost)
+	return mark(fmt.Errorf(format+": %w", append(args, ErrLeaseLost)...), segment.ErrLeaseLost)
 }
 
 // fencedError keeps the service's error (cause) in the chain and marks the
 // result as ErrFenced.
 func fencedError(cause error, format string, args ...any) error {
-	return errors.Mark(errors.Wrapf(cause, format, args...), ErrFenced)
+	return mark(fmt.Errorf(format+": %w", append(args, cause)...), ErrFenced)
 }
+
+// marked is err that errors.Is and errors.As also match against sentinel,
+// with err's message alone: a caller checking for sentinel sees it, and the
+// message is not lengthened by a second sentinel's text.
+type marked struct{ err, sentinel error }
+
+func mark(err, sentinel error) error { return &marked{err, sentinel} }
+
+func (m *marked) Error() string   { return m.err.Error() }
+func (m *marked) Unwrap() []error { return []error{m.err, m.sentinel} }
+
+// joined is several errors on one line, separated by "; ". Unlike
+// errors.Join it never puts a newline into a log line; errors.Is and
+// errors.As see each of them.
+type joined []error
+
+// join returns the non-nil errs as one error: nil if there are none, the
+// error itself if there is one.
+func join(errs ...error) error {
+	var j joined
+	for _, err := range errs {
+		if err != nil {
+			j = append(j, err)
+		}
+	}
+	switch len(j) {
+	case 0:
+		return nil
+	case 1:
+		return j[0]
+	}
+	return j
+}
+
+func (j joined) Error() string {
+	msgs := make([]string, len(j))
+	for i, err := range j {
+		msgs[i] = err.Error()
+	}
+	return strings.Join(msgs, "; ")
+}
+
+func (j joined) Unwrap() []error { return j }
 
 // isFencedReply reports whether a service error means "this lease is no
 // longer the code's owner": stop minting now.

@@ -2,19 +2,19 @@ package rangeclient
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/cockroachdb/errors"
-
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
 
-// killedDeadline poisons a lease's deadline: every monotonic reading is
-// past it, so the hot path's single comparison also covers fencing, close
+// killedDeadline poisons a lease's deadline: every local reading is past
+// it, so the hot path's single comparison also covers fencing, close
 // and expiry.
 const killedDeadline = math.MinInt64
 
@@ -22,23 +22,17 @@ const killedDeadline = math.MinInt64
 const acquireTimeoutFactor = 5
 
 // leaseState is one worker-code lease as the client holds it. The hot path
-// reads the deadlines only; everything else belongs to the lease loop.
+// reads the deadline only; everything else belongs to the lease loop.
 type leaseState struct {
 	seg segment.Lease
 
-	// deadline is the safety deadline on the client's clock (Config.Clock):
-	// the send time of the last successful renewal (or of the acquisition)
-	// + TTL - margin. rdeadline is the same deadline on Go's monotonic clock
-	// (Client.rnow); with the default clock both are the same timeline. An
-	// injected clock that steps back can therefore never extend the safety
-	// interval, only shorten it. Both only move forward, and only while
-	// they have not passed; kill sets both to killedDeadline for good.
-	deadline, rdeadline atomic.Int64
-	// realNow reads Go's monotonic clock; nil when Config.Clock is the
-	// default (then rdeadline == deadline and is not checked twice).
-	realNow func() int64
-	// why is the error a killed lease reports; set before the deadlines
-	// are poisoned.
+	// deadline is the safety deadline on the client's monotonic clock
+	// (Client.now): the send time of the last successful renewal (or of
+	// the acquisition) + TTL - margin. It only moves forward, and only
+	// while it has not passed; kill sets it to killedDeadline for good.
+	deadline atomic.Int64
+	// why is the error a killed lease reports; set before the deadline is
+	// poisoned.
 	why atomic.Pointer[error]
 	// expired is the error for "past the deadline", built once so that the
 	// failing hot path does not allocate.
@@ -47,27 +41,25 @@ type leaseState struct {
 	once    sync.Once
 
 	period    int64 // renewal period, ns
-	nextRenew int64 // on Go's monotonic clock; lease loop only
+	nextRenew int64 // local instant of the next renewal; lease loop only
 }
 
-func newLeaseState(sl segment.Lease, sent, rsent int64, margin, period time.Duration, realNow func() int64) *leaseState {
+func newLeaseState(sl segment.Lease, sent int64, margin, period time.Duration) *leaseState {
 	l := &leaseState{
 		seg: sl,
 		expired: leaseLostError("code %d/%d (token %d, lease %x): no renewal succeeded within TTL %v - margin %v",
 			sl.Region, sl.Worker, sl.Token, sl.LeaseID, sl.TTL, margin),
-		realNow:   realNow,
 		killed:    make(chan struct{}),
 		period:    int64(period),
-		nextRenew: rsent + int64(period),
+		nextRenew: sent + int64(period),
 	}
 	l.deadline.Store(sent + int64(sl.TTL-margin))
-	l.rdeadline.Store(rsent + int64(sl.TTL-margin))
 	return l
 }
 
 // err is nil while the lease may be used at now, else why not.
 func (l *leaseState) err(now int64) error {
-	if now < l.deadline.Load() && (l.realNow == nil || l.realNow() < l.rdeadline.Load()) {
+	if now < l.deadline.Load() {
 		return nil
 	}
 	if p := l.why.Load(); p != nil {
@@ -76,13 +68,9 @@ func (l *leaseState) err(now int64) error {
 	return l.expired
 }
 
-// safeFor is the time left before the earlier of the two deadlines.
+// safeFor is the time left before the safety deadline.
 func (l *leaseState) safeFor(now int64) time.Duration {
-	d := l.deadline.Load() - now
-	if l.realNow != nil {
-		d = min(d, l.rdeadline.Load()-l.realNow())
-	}
-	return time.Duration(max(d, 0))
+	return time.Duration(max(l.deadline.Load()-now, 0))
 }
 
 // kill ends the lease with err. Only the first call counts; it reports
@@ -92,7 +80,6 @@ func (l *leaseState) kill(err error) bool {
 	l.once.Do(func() {
 		l.why.Store(&err)
 		l.deadline.Store(killedDeadline)
-		l.rdeadline.Store(killedDeadline)
 		close(l.killed)
 		first = true
 	})
@@ -108,15 +95,14 @@ func (l *leaseState) isKilled() bool {
 	}
 }
 
-// extend moves the deadlines to dl and rdl if the lease is still usable at
-// now. A renewal that comes back after the deadline passed does not revive
+// extend moves the deadline to dl if the lease is still usable at now. A renewal that comes back after the deadline passed does not revive
 // the lease: the client has already stopped minting and will take a fresh
 // one.
-func (l *leaseState) extend(dl, rdl, now int64) bool {
+func (l *leaseState) extend(dl, now int64) bool {
 	if l.err(now) != nil {
 		return false
 	}
-	return raise(&l.deadline, dl) && raise(&l.rdeadline, rdl)
+	return raise(&l.deadline, dl)
 }
 
 // raise sets a to v if v is larger, unless a was poisoned.
@@ -141,10 +127,10 @@ func raise(a *atomic.Int64, v int64) bool {
 func (c *Client) acquire(ctx context.Context) (*leaseState, error) {
 	rctx, cancel := context.WithTimeout(ctx, acquireTimeoutFactor*c.cfg.RPCTimeout)
 	defer cancel()
-	sent, rsent := c.now(), c.rnow()
+	sent := c.now()
 	sl, err := c.alloc.Acquire(rctx, c.cfg.Region, c.cfg.Owner)
 	if err != nil {
-		return nil, errors.Wrapf(err, "rangeclient: acquire a worker code in region %d", c.cfg.Region)
+		return nil, fmt.Errorf("rangeclient: acquire a worker code in region %d: %w", c.cfg.Region, err)
 	}
 	safe := sl.TTL - c.cfg.SafetyMargin
 	period := c.cfg.RenewPeriod
@@ -154,30 +140,26 @@ func (c *Client) acquire(ctx context.Context) (*leaseState, error) {
 	var bad error
 	switch {
 	case sl.Region != c.cfg.Region:
-		bad = errors.Wrapf(segment.ErrInvalid, "service leased region %d, asked for %d", sl.Region, c.cfg.Region)
+		bad = fmt.Errorf("service leased region %d, asked for %d: %w", sl.Region, c.cfg.Region, segment.ErrInvalid)
 	case sl.Worker < 0 || sl.Worker > snowflake.MaxWorker:
-		bad = errors.Wrapf(segment.ErrInvalid, "service leased worker %d, not in 0..%d", sl.Worker, snowflake.MaxWorker)
+		bad = fmt.Errorf("service leased worker %d, not in 0..%d: %w", sl.Worker, snowflake.MaxWorker, segment.ErrInvalid)
 	case sl.Token <= 0:
-		bad = errors.Wrapf(segment.ErrInvalid, "service returned fencing token %d", sl.Token)
+		bad = fmt.Errorf("service returned fencing token %d: %w", sl.Token, segment.ErrInvalid)
 	case sl.TTL <= 0:
-		bad = errors.Wrapf(segment.ErrInvalid, "service granted TTL %v", sl.TTL)
+		bad = fmt.Errorf("service granted TTL %v: %w", sl.TTL, segment.ErrInvalid)
 	case safe <= 0:
-		bad = errors.Wrapf(ErrInvalidConfig, "Config.SafetyMargin %v leaves no safe interval of the granted TTL %v", c.cfg.SafetyMargin, sl.TTL)
+		bad = fmt.Errorf("Config.SafetyMargin %v leaves no safe interval of the granted TTL %v: %w", c.cfg.SafetyMargin, sl.TTL, ErrInvalidConfig)
 	case period <= 0 || period >= safe:
-		bad = errors.Wrapf(ErrInvalidConfig, "Config.RenewPeriod %v must be positive and below TTL %v - SafetyMargin %v", period, sl.TTL, c.cfg.SafetyMargin)
+		bad = fmt.Errorf("Config.RenewPeriod %v must be positive and below TTL %v - SafetyMargin %v: %w", period, sl.TTL, c.cfg.SafetyMargin, ErrInvalidConfig)
 	}
 	if bad != nil {
 		c.releaseQuietly(sl)
-		return nil, errors.Wrap(bad, "rangeclient: unusable lease")
+		return nil, fmt.Errorf("rangeclient: unusable lease: %w", bad)
 	}
 	c.stats.acquisitions.Add(1)
 	c.log.Info("rangeclient: lease acquired", "region", sl.Region, "worker", sl.Worker, "token", sl.Token,
 		"ttl", sl.TTL, "safe_for", safe, "renew_every", period)
-	var realNow func() int64
-	if !c.sysClock {
-		realNow = c.rnow
-	}
-	return newLeaseState(sl, sent, rsent, c.cfg.SafetyMargin, period, realNow), nil
+	return newLeaseState(sl, sent, c.cfg.SafetyMargin, period), nil
 }
 
 // releaseQuietly gives a lease back, best effort (the TTL ends it anyway).
@@ -223,7 +205,7 @@ func (c *Client) leaseLoop(l *leaseState) {
 				}
 				continue
 			}
-			if wait := min(time.Duration(l.nextRenew-c.rnow()), l.safeFor(now)); wait > 0 {
+			if wait := min(time.Duration(l.nextRenew-now), l.safeFor(now)); wait > 0 {
 				if !sleep(wait, l.killed) {
 					return
 				}
@@ -263,7 +245,7 @@ func (c *Client) leaseLoop(l *leaseState) {
 // slow renewal at RPCTimeout made an overloaded etcd (grants taking over a
 // second) cost every client its lease although its deadline was seconds away.
 func (c *Client) renew(l *leaseState, bo *backoff) {
-	sent, rsent := c.now(), c.rnow()
+	sent := c.now()
 	timeout := max(c.cfg.RPCTimeout, time.Duration(l.period))
 	if left := l.safeFor(sent); left > 0 && left < timeout {
 		timeout = left
@@ -275,9 +257,9 @@ func (c *Client) renew(l *leaseState, bo *backoff) {
 	switch {
 	case err == nil && rl.TTL > 0:
 		safe := int64(rl.TTL - c.cfg.SafetyMargin)
-		if l.extend(sent+safe, rsent+safe, now) {
+		if l.extend(sent+safe, now) {
 			c.stats.renewals.Add(1)
-			l.nextRenew = rsent + l.period
+			l.nextRenew = sent + l.period
 			bo.reset()
 			return
 		}
@@ -288,7 +270,7 @@ func (c *Client) renew(l *leaseState, bo *backoff) {
 			"sent_ago", time.Duration(now-sent))
 	case err == nil || isFencedReply(err):
 		if err == nil {
-			err = errors.Wrapf(segment.ErrLeaseLost, "renewal granted TTL %v", rl.TTL)
+			err = fmt.Errorf("renewal granted TTL %v: %w", rl.TTL, segment.ErrLeaseLost)
 		}
 		c.stats.renewalFailures.Add(1)
 		c.fence(l, err, "renewal")
@@ -297,7 +279,7 @@ func (c *Client) renew(l *leaseState, bo *backoff) {
 	default:
 		c.stats.renewalFailures.Add(1)
 		d := bo.next()
-		l.nextRenew = c.rnow() + int64(d)
+		l.nextRenew = now + int64(d)
 		c.log.Warn("rangeclient: lease renewal failed; minting continues until the safety deadline",
 			"worker", l.seg.Worker, "safe_for", l.safeFor(now), "retry_in", d, "err", err)
 	}

@@ -2,12 +2,12 @@ package rangeclient
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
-
-	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/rangeclient/rangeclienttest"
 	"github.com/idrange/idrange/segment"
@@ -161,10 +161,10 @@ func TestFencedReplyStopsMintingAtOnce(t *testing.T) {
 						case <-blockAcquire:
 							return nil
 						default:
-							return errors.Wrap(segment.ErrNoFreeCode, "test: no code for you yet")
+							return fmt.Errorf("test: no code for you yet: %w", segment.ErrNoFreeCode)
 						}
 					case m != during && (m == rangeclienttest.Renew || m == rangeclienttest.Allocate):
-						return errors.Wrap(segment.ErrUnavailable, "test: only the call under test gets through")
+						return fmt.Errorf("test: only the call under test gets through: %w", segment.ErrUnavailable)
 					}
 					return nil
 				})
@@ -261,7 +261,7 @@ func TestLateRenewalReplyDoesNotStretchTheDeadline(t *testing.T) {
 				return nil
 			}
 			<-ctx.Done() // later renewals are lost
-			return errors.Wrap(segment.ErrUnavailable, "test: renewal lost")
+			return fmt.Errorf("test: renewal lost: %w", segment.ErrUnavailable)
 		})
 		type minted struct {
 			id snowflake.ID

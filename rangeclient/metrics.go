@@ -47,7 +47,6 @@ func newCollector(c *Client) *collector {
 		renewalFailures: d("lease_renewal_failures_total", "Failed lease renewals, fenced replies included."),
 		expiries:        d("safety_deadline_expiries_total", "Times the local safety deadline passed without a renewal (minting stopped)."),
 		fenced:          d("fenced_total", "Leases the service fenced (minting stopped at once)."),
-		clockRollbacks:  d("clock_rollbacks_total", "Backward steps of the local clock that were compensated."),
 		bufferIDs:       d("buffer_depth_ids", "Linear positions left in the current and next block."),
 		bufferSeconds:   d("buffer_seconds", "How long the buffered blocks last at the observed rate."),
 		rate:            d("rate_ids_per_second", "Observed minting rate (EWMA)."),
@@ -60,7 +59,7 @@ func newCollector(c *Client) *collector {
 // Describe implements prometheus.Collector.
 func (m *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.minted, m.refills, m.refillErrors, m.backpressure, m.discarded, m.stalls,
-		m.acquisitions, m.renewals, m.renewalFailures, m.expiries, m.fenced, m.clockRollbacks,
+		m.acquisitions, m.renewals, m.renewalFailures, m.expiries, m.fenced,
 		m.bufferIDs, m.bufferSeconds, m.rate, m.leaseSafe, m.serving, m.worker} {
 		ch <- d
 	}
@@ -87,7 +86,6 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(m.renewalFailures, float64(s.RenewalFailures))
 	counter(m.expiries, float64(s.Expiries))
 	counter(m.fenced, float64(s.Fenced))
-	counter(m.clockRollbacks, float64(s.ClockRollbacks))
 	gauge(m.bufferIDs, float64(s.BufferedIDs))
 	gauge(m.bufferSeconds, s.BufferedFor.Seconds())
 	gauge(m.rate, s.Rate)

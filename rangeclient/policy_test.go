@@ -2,11 +2,10 @@ package rangeclient
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"testing/synctest"
 	"time"
-
-	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/rangeclient/rangeclienttest"
 	"github.com/idrange/idrange/snowflake"

@@ -2,11 +2,11 @@ package rangeclient
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math"
 	"sync/atomic"
 	"time"
-
-	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -16,8 +16,8 @@ const (
 	// latencyFactor: the next block is requested at least this many
 	// observed refill latencies before the current one runs out.
 	latencyFactor = 4
-	// maxPlanSleep bounds the refill loop's sleep, so the rate estimate,
-	// idleness and clock-rollback detection stay fresh.
+	// maxPlanSleep bounds the refill loop's sleep, so the rate estimate and
+	// idleness stay fresh.
 	maxPlanSleep = 250 * time.Millisecond
 	// perMsCapacity is the number of linear positions per millisecond.
 	perMsCapacity = 1 << snowflake.SequenceBits
@@ -26,7 +26,6 @@ const (
 // policy is the refill loop's picture of the client's demand. The plain
 // fields belong to the refill loop; the atomics are read by Stats.
 type policy struct {
-	lastNow      int64 // last local reading, for rollback detection
 	lastSample   int64
 	sampleMinted int64
 	activeMinted int64
@@ -39,7 +38,7 @@ type policy struct {
 }
 
 func (p *policy) init(c *Client, now int64) {
-	p.lastNow, p.lastSample = now, now
+	p.lastSample = now
 	p.lastActive.Store(now)
 	p.maxSleep = min(max(c.cfg.RefillInterval/4, time.Millisecond), maxPlanSleep)
 	p.count.Store(int64(c.blockCount(0, 0)))
@@ -67,20 +66,11 @@ func (c *Client) blockCount(rate float64, latency time.Duration) int {
 	return int(want)
 }
 
-// sample updates the local clock correction, the activity mark and the
-// rate estimate. It returns the corrected local time.
+// sample updates the activity mark and the rate estimate. It returns the
+// local time it read.
 func (c *Client) sample() int64 {
 	p := &c.pol
 	now := c.now()
-	if !c.sysClock && now < p.lastNow {
-		back := p.lastNow - now
-		c.skew.Add(back)
-		now = p.lastNow
-		c.stats.clockRollbacks.Add(1)
-		c.log.Warn("rangeclient: local clock moved backwards; compensated (IDs follow the service's time)",
-			"back", time.Duration(back))
-	}
-	p.lastNow = now
 	minted := c.mintedTotal()
 	if minted != p.activeMinted {
 		p.activeMinted = minted
@@ -106,7 +96,7 @@ func (c *Client) idle(now int64) bool {
 // its validity ends, or until its positions run out if the client mints
 // faster than time advances the cursor.
 func (c *Client) timeLeft(b *block, now int64) int64 {
-	left := b.validLocal - now
+	left := b.validUntil - now
 	if r := c.pol.ratePerSec(); r > 0 {
 		byIDs := float64(b.left(now)) / r * 1e9
 		if byIDs < float64(left) {
@@ -120,7 +110,7 @@ func (c *Client) timeLeft(b *block, now int64) int64 {
 // PrefetchThreshold of b's expected life, or latencyFactor refill latencies
 // if that is longer.
 func (c *Client) lead(b *block) int64 {
-	life := float64(b.validLocal - b.sent)
+	life := float64(b.validUntil - b.sent)
 	if r := c.pol.ratePerSec(); r > 0 {
 		life = min(life, float64(b.hi-b.lo)/r*1e9)
 	}
@@ -171,7 +161,7 @@ func (c *Client) plan(now int64) (ch <-chan struct{}, fetch bool, wait time.Dura
 		}
 		return ch, false, min(wait, time.Duration(left-lead))
 	default:
-		return ch, false, min(wait, time.Duration(max(cur.validLocal-now, 0)))
+		return ch, false, min(wait, time.Duration(max(cur.validUntil-now, 0)))
 	}
 }
 
@@ -250,7 +240,7 @@ func (c *Client) setRefillErr(err error) {
 func (c *Client) refillOnce(l *leaseState) error {
 	n := int(c.pol.count.Load())
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.RPCTimeout)
-	sent, rsent := c.now(), c.rnow()
+	sent := c.now()
 	sb, err := c.alloc.Allocate(ctx, l.seg, n)
 	arrive := c.now()
 	cancel()
@@ -265,12 +255,12 @@ func (c *Client) refillOnce(l *leaseState) error {
 		c.metrics.refillLatency.Observe(time.Duration(lat).Seconds())
 	}
 	if err != nil {
-		return errors.Wrapf(err, "rangeclient: allocate %d IDs on code %d/%d", n, l.seg.Region, l.seg.Worker)
+		return fmt.Errorf("rangeclient: allocate %d IDs on code %d/%d: %w", n, l.seg.Region, l.seg.Worker, err)
 	}
 	if err := checkBlock(sb, l.seg, n); err != nil {
 		return err
 	}
-	b := newBlock(sb, l, sent, rsent, arrive)
+	b := newBlock(sb, l, sent, arrive)
 	b.kickAt = c.kickAt(b)
 	c.stats.refills.Add(1)
 	if !c.install(b) {
@@ -283,8 +273,8 @@ func (c *Client) refillOnce(l *leaseState) error {
 // overlap another block, so it is never minted from.
 func checkBlock(b segment.Block, l segment.Lease, asked int) error {
 	bad := func(format string, args ...any) error {
-		return errors.Wrapf(segment.ErrInvalid, "rangeclient: unusable grant for code %d/%d: "+format,
-			append([]any{l.Region, l.Worker}, args...)...)
+		return fmt.Errorf("rangeclient: unusable grant for code %d/%d: "+format+": %w",
+			append(append([]any{l.Region, l.Worker}, args...), segment.ErrInvalid)...)
 	}
 	switch {
 	case b.Region != l.Region || b.Worker != l.Worker:

@@ -2,26 +2,43 @@ package rangeclient
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	"github.com/cockroachdb/errors"
-
-	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/rangeclient/rangeclienttest"
 	"github.com/idrange/idrange/snowflake"
 )
 
-// The client's local clock jumps back and forth (Config.Clock): IDs stay
-// inside granted blocks, unique and increasing, because the cursor never
-// moves back and uniqueness rests on the service's high-water mark.
-func TestLocalClockJumpsNeverLeaveABlock(t *testing.T) {
+// The client measures time only on Go's monotonic clock, so a step of the
+// host's wall clock cannot reach it: its time origin carries a monotonic
+// reading (time.Time.String shows it as "m=..."), every local instant is
+// time.Since that origin, and a wall-clock reading (Round(0), UTC, In, ...)
+// in its place would strip it.
+func TestClientTimeIgnoresTheWallClock(t *testing.T) {
+	c := newTestClient(t, rangeclienttest.New(rangeclienttest.Options{Region: 1}).Conn(), nil)
+	if !strings.Contains(c.origin.String(), " m=") {
+		t.Fatalf("client time origin %v has no monotonic clock reading: a wall-clock step would move the client's deadlines", c.origin)
+	}
+	before := time.Since(c.origin)
+	now := time.Duration(c.now())
+	if after := time.Since(c.origin); now < before || now > after {
+		t.Fatalf("Client.now() = %v, not between time.Since(origin) readings %v and %v", now, before, after)
+	}
+}
+
+// IDs minted over 11 s stay inside granted blocks, unique and increasing,
+// and no block is used past its validity on the service's clock. (This
+// test used to also step an injected client clock back and forth; the
+// client now reads only Go's monotonic clock, which a wall-clock step
+// cannot move: see TestClientTimeIgnoresTheWallClock.)
+func TestBlocksUsedOnlyInsideTheirValidity(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		svc := fakeService(10 * time.Second)
-		off := &clock.Offset{}
-		c := newTestClient(t, svc.Conn(), func(cfg *Config) { cfg.Clock = off })
+		c := newTestClient(t, svc.Conn(), nil)
 		var ids []snowflake.ID
 		var at []time.Time // service time of each mint
 		mint := func(n int) {
@@ -32,47 +49,40 @@ func TestLocalClockJumpsNeverLeaveABlock(t *testing.T) {
 			}
 		}
 		mint(2000)
-		for _, jump := range []time.Duration{-time.Millisecond, -5 * time.Millisecond, -2 * time.Second,
-			3 * time.Second, -10 * time.Second, 500 * time.Millisecond, -time.Hour} {
-			off.Add(jump)
+		for range 7 {
 			mint(3000)
 		}
 		for i := 1; i < len(ids); i++ {
 			if ids[i] <= ids[i-1] {
-				t.Fatalf("ID %d not above the previous after a clock jump", i)
+				t.Fatalf("ID %d not above the previous", i)
 			}
 		}
 		checkUnique(t, ids)
 		checkInGrants(t, svc, ids)
-		// Nor is a block used past its validity on the service's clock,
-		// however the client's clock moved.
+		// Nor is a block used past its validity on the service's clock.
 		idx := rangeclienttest.Index(svc.Grants())
 		for i, id := range ids {
 			if g, _ := idx.Find(id); at[i].After(g.ValidUntil) {
 				t.Fatalf("ID %d minted %v after its block's ValidUntil", i, at[i].Sub(g.ValidUntil))
 			}
 		}
-		if s := c.Stats(); s.ClockRollbacks == 0 {
-			t.Fatal("no rollback was detected")
-		}
 	})
 }
 
-// A backwards step of the injected clock just before the safety deadline,
-// while the service hangs (the refill loop is stuck in a call), must not
-// let the client mint past the deadline: it is also enforced on Go's
-// monotonic clock.
-func TestLocalClockRollbackDoesNotExtendTheDeadline(t *testing.T) {
+// While the service is unreachable or hangs (the refill loop is stuck in a
+// call), the client mints up to its safety deadline and not past it, then
+// fails with ErrLeaseLost. (This test used to also step an injected client
+// clock back 2 s 150 ms before the deadline; the deadline is kept on Go's
+// monotonic clock alone now, which no clock step moves.)
+func TestMintsUntilTheSafetyDeadlineOnly(t *testing.T) {
 	for _, fault := range []rangeclienttest.Fault{rangeclienttest.Unreachable, rangeclienttest.Blackhole} {
 		synctest.Test(t, func(t *testing.T) {
 			svc := fakeService(3 * time.Second)
 			conn := svc.Conn()
-			off := &clock.Offset{}
-			c := newTestClient(t, conn, func(cfg *Config) { shortLease(cfg); cfg.Clock = off })
+			c := newTestClient(t, conn, shortLease)
 			conn.SetFault(fault)
 			deadline := time.Now().Add(c.Lease().SafeFor)
 			time.Sleep(time.Until(deadline) - 150*time.Millisecond)
-			off.Add(-2 * time.Second) // would buy 2 s if taken at face value
 			minted := 0
 			for time.Now().Before(deadline.Add(3 * time.Second)) {
 				_, err := c.Next(context.Background())
@@ -93,36 +103,6 @@ func TestLocalClockRollbackDoesNotExtendTheDeadline(t *testing.T) {
 			}
 		})
 	}
-}
-
-// freezableClock models a paused VM: while frozen it returns the instant
-// it froze at; afterwards it continues from there, behind real time.
-type freezableClock struct {
-	mu     sync.Mutex
-	frozen bool
-	at     time.Time
-	lag    time.Duration
-}
-
-func (f *freezableClock) Now() time.Time {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.frozen {
-		return f.at
-	}
-	return time.Now().Add(-f.lag)
-}
-
-func (f *freezableClock) Freeze() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.at, f.frozen = time.Now().Add(-f.lag), true
-}
-
-func (f *freezableClock) Thaw() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.lag, f.frozen = time.Since(f.at), false
 }
 
 // SPEC case 4: pause the old owner, let its lease expire, let a new owner
@@ -203,27 +183,27 @@ func TestSpecCase4PausedOwnerIsFenced(t *testing.T) {
 	})
 }
 
-// SPEC case 4 when the old owner's injected clock froze during the pause:
-// by that clock no time passed, but the safety deadline is also kept on
-// Go's monotonic clock, which ran on, so the resumed owner mints nothing
-// from the blocks it still holds. (Were the host's monotonic clock frozen
-// too, as in some VM pauses, it could mint from them until its first call
-// to the service is fenced; those blocks lie below the code's high-water
-// mark, which the new owner's blocks start above, so the IDs still would
-// not overlap: the grants' overlap check below covers that.)
-func TestSpecCase4FrozenInjectedClock(t *testing.T) {
+// SPEC case 4 with the old owner kept from taking a new lease: after the
+// pause it mints nothing from the blocks it still holds, because its
+// safety deadline, on Go's monotonic clock, passed during the pause; and it
+// holds no usable lease. (Were the host's monotonic clock frozen too, as in
+// some VM pauses, it could mint from them until its first call to the
+// service is fenced; those blocks lie below the code's high-water mark,
+// which the new owner's blocks start above, so the IDs still would not
+// overlap: the grants' overlap check below covers that.) This test used to
+// freeze an injected client clock during the pause; the client has only
+// the monotonic clock now, so the pause itself is the fault.
+func TestSpecCase4PausedOwnerMintsNothingStale(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		svc := fakeService(3 * time.Second)
 		connA := svc.Conn()
-		clk := &freezableClock{}
-		a := newTestClient(t, connA, func(cfg *Config) { shortLease(cfg); cfg.Clock = clk })
+		a := newTestClient(t, connA, shortLease)
 		leaseA := a.Lease().Lease
 		var idsA []snowflake.ID
 		for range 200 {
 			idsA = append(idsA, mustNext(t, a))
 			time.Sleep(time.Millisecond)
 		}
-		clk.Freeze()
 		connA.SetFault(rangeclienttest.HoldReplies)
 		time.Sleep(5 * time.Second)
 		b := newTestClient(t, svc.Conn(), shortLease)
@@ -241,14 +221,13 @@ func TestSpecCase4FrozenInjectedClock(t *testing.T) {
 			}
 			return nil
 		})
-		clk.Thaw()
 		connA.SetFault(rangeclienttest.Healthy)
 		stale := 0
 		for range 3000 {
 			id, err := a.Next(context.Background())
 			if err != nil {
 				if !errors.Is(err, ErrFenced) && !errors.Is(err, ErrLeaseLost) {
-					t.Fatalf("A after thaw: %v", err)
+					t.Fatalf("A after the pause: %v", err)
 				}
 				break
 			}
@@ -258,10 +237,10 @@ func TestSpecCase4FrozenInjectedClock(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 		if stale != 0 {
-			t.Fatalf("A minted %d IDs after the thaw, past its safety deadline on the monotonic clock", stale)
+			t.Fatalf("A minted %d IDs after the pause, past its safety deadline on the monotonic clock", stale)
 		}
 		if a.Lease().Err == nil {
-			t.Fatal("A kept its lease after thawing")
+			t.Fatal("A kept its lease after the pause")
 		}
 		all := append(append([]snowflake.ID(nil), idsA...), idsB...)
 		checkUnique(t, all)
@@ -338,5 +317,75 @@ func TestSpecCase6ServiceIsolated(t *testing.T) {
 				t.Errorf("client %d: %d expiries, %d acquisitions; want 1 and 2", i, s.Expiries, s.Acquisitions)
 			}
 		}
+	})
+}
+
+// SPEC case 5: 4 regions x 200 workers, each region its own service, the
+// whole fleet in one millisecond: under synctest's fake time no time
+// passes while the callers run, so every client mints its 1,000 IDs in the
+// same millisecond. All decoded fields in range, region and worker as
+// leased, every ID unique. TestRealSpecCase5Fleet runs the fleet over etcd.
+func TestSpecCase5FleetInOneMillisecond(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const regions, perRegion, perClient = 4, 200, 1000
+		svcs := make([]*rangeclienttest.Service, regions)
+		clients := make([][]*Client, regions)
+		for r := range regions {
+			svcs[r] = rangeclienttest.New(rangeclienttest.Options{Region: r, Start: bubbleStart})
+			for range perRegion {
+				clients[r] = append(clients[r], startClient(t,
+					Config{Allocator: svcs[r].Conn(), Region: r, Owner: "fleet"}, 30*time.Second, nil))
+			}
+		}
+
+		// All 800 mint at once, at one instant of fake time.
+		ms := snowflake.MsSince(svcs[0].Now())
+		out := make([][]snowflake.ID, regions*perRegion)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for r, cs := range clients {
+			for i, c := range cs {
+				wg.Go(func() {
+					<-start
+					ids, err := c.NextN(context.Background(), perClient)
+					if err != nil {
+						t.Errorf("region %d client %d: %v", r, i, err)
+					}
+					out[r*perRegion+i] = ids
+				})
+			}
+		}
+		close(start)
+		wg.Wait()
+
+		var all []snowflake.ID
+		for r, cs := range clients {
+			workers := map[int]bool{}
+			for i, c := range cs {
+				li := c.Lease().Lease
+				if li.Region != r || li.Worker < 0 || li.Worker > snowflake.MaxWorker || workers[li.Worker] {
+					t.Fatalf("region %d client %d leased %+v (duplicate or out of range)", r, i, li)
+				}
+				workers[li.Worker] = true
+				for _, id := range out[r*perRegion+i] {
+					p, err := snowflake.Decode(id)
+					switch {
+					case err != nil:
+						t.Fatalf("ID %d: %v", id, err)
+					case p.Region != r || p.Worker != li.Worker:
+						t.Fatalf("ID %d decodes to %d/%d, leased %d/%d", id, p.Region, p.Worker, r, li.Worker)
+					case p.Ms != ms:
+						t.Fatalf("ID %d has ms %d, the fleet minted in ms %d", id, p.Ms, ms)
+					case p.Sequence < 0 || p.Sequence > snowflake.MaxSequence:
+						t.Fatalf("ID %d sequence %d", id, p.Sequence)
+					}
+				}
+				all = append(all, out[r*perRegion+i]...)
+			}
+		}
+		if len(all) != regions*perRegion*perClient {
+			t.Fatalf("%d IDs, want %d", len(all), regions*perRegion*perClient)
+		}
+		checkUnique(t, all)
 	})
 }

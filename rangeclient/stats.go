@@ -1,9 +1,8 @@
 package rangeclient
 
 import (
+	"fmt"
 	"time"
-
-	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/segment"
 )
@@ -23,7 +22,6 @@ type Stats struct {
 	RenewalFailures uint64 // failed renewals (including fenced replies)
 	Expiries        uint64 // safety deadlines passed without a renewal
 	Fenced          uint64 // leases fenced by the service
-	ClockRollbacks  uint64 // backwards steps of the local clock compensated
 
 	BufferedIDs   int64         // positions left in the current and next block
 	BufferedFor   time.Duration // how long they last at the observed rate
@@ -47,7 +45,6 @@ func (c *Client) Stats() Stats {
 		RenewalFailures: c.stats.renewalFailures.Load(),
 		Expiries:        c.stats.expiries.Load(),
 		Fenced:          c.stats.fenced.Load(),
-		ClockRollbacks:  c.stats.clockRollbacks.Load(),
 		Rate:            c.pol.ratePerSec(),
 		RefillLatency:   time.Duration(c.pol.latency.Load()),
 		NextBlock:       int(c.pol.count.Load()),
@@ -60,7 +57,7 @@ func (c *Client) Stats() Stats {
 	for _, b := range []*block{c.cur.Load(), c.next.Load()} {
 		if b != nil && b.lease == l && !b.finished(now) {
 			s.BufferedIDs += b.left(now)
-			until = max(until, b.validLocal-now)
+			until = max(until, b.validUntil-now)
 		}
 	}
 	until = min(until, int64(l.safeFor(now)))
@@ -117,10 +114,10 @@ func (c *Client) Health() error {
 		}
 	}
 	if _, rerr := c.waitState(); rerr != nil {
-		return errors.Mark(errors.Wrap(rerr, "rangeclient: no block buffered"), ErrUnavailable)
+		return mark(fmt.Errorf("rangeclient: no block buffered: %w", rerr), ErrUnavailable)
 	}
 	if !c.idle(now) {
-		return errors.Wrap(ErrUnavailable, "rangeclient: no block buffered; refill in flight")
+		return fmt.Errorf("rangeclient: no block buffered; refill in flight: %w", ErrUnavailable)
 	}
 	return nil
 }

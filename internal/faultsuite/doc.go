@@ -31,8 +31,7 @@
 //	TestRangesvcReplicaKillMidGrants        kill -9 a replica mid-grants, restart on the same address
 //	TestClientPausedPastLeaseIsFenced       SIGSTOP a client past its TTL, code to a new owner, SIGCONT
 //	TestServiceClockJumps                   service clock back 2 s, forward 10 s, back to true time
-//	TestClientClockMovesBack                client clocks back/forward, then the lease service isolated
-//	TestClientClockBackNearDeadline         client clock back 2 s just before its deadline, service isolated
+//	TestReplicasStoppedClientsFailClosed    both replicas SIGSTOPped: clients fail closed by their deadline, then recover
 //	TestReplicaEtcdPartition                blackhole one replica's etcd traffic, then both, then heal
 //	TestOneReplicaCutOffStarvesNoClient     one replica cut off: every client keeps minting
 //	TestSlowEtcd                            +100 ms then +600 ms each way to etcd, then back

@@ -2,12 +2,12 @@ package faultsuite
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
 
-	"github.com/cockroachdb/errors"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"

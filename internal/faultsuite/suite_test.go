@@ -51,9 +51,6 @@ type options struct {
 	refill   time.Duration // minter --refill-interval (0: rangeclient's default, 1 s)
 	leaseTTL time.Duration // rangesvc --lease-ttl (default 4 s)
 	margin   time.Duration // minter --safety-margin (default 1 s)
-	// clientFaults runs the minters in test mode (IDRANGE_FAULTS=1) so
-	// their clock can be moved.
-	clientFaults bool
 	// notAfterSlack widens the ID timestamp window past the end of the run
 	// (forward clock jumps); the service's max lead (15 s) is always added.
 	notAfterSlack time.Duration
@@ -331,11 +328,7 @@ func (s *suite) addMinter() *minter {
 	if s.opt.refill > 0 {
 		args = append(args, "--refill-interval", s.opt.refill.String())
 	}
-	var env []string
-	if s.opt.clientFaults {
-		env = append(env, "IDRANGE_FAULTS=1")
-	}
-	m.p = newProc(s.t, name, s.b.minter, args, env, s.dir, minterReadyRE)
+	m.p = newProc(s.t, name, s.b.minter, args, nil, s.dir, minterReadyRE)
 	m.p.start()
 	m.p.waitReady(startTimeout)
 	s.minters = append(s.minters, m)

@@ -1,10 +1,10 @@
 package service
 
 import (
+	"fmt"
 	"strconv"
 	"time"
 
-	"github.com/cockroachdb/errors"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 
@@ -126,7 +126,7 @@ func NewMetrics(reg prometheus.Registerer, clk clock.Clock) (*Metrics, error) {
 	if reg != nil {
 		for _, c := range m.collectors() {
 			if err := reg.Register(c); err != nil {
-				return nil, errors.Wrap(err, "service: register metrics")
+				return nil, fmt.Errorf("service: register metrics: %w", err)
 			}
 		}
 	}

@@ -2,11 +2,10 @@ package service
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
-
-	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/snowflake"
 )

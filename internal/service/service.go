@@ -24,12 +24,13 @@ package service
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 	"unicode/utf8"
 
-	"github.com/cockroachdb/errors"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -158,19 +159,19 @@ func (c Config) Validate() error {
 	c = c.withDefaults()
 	switch {
 	case c.Region < 0 || c.Region > snowflake.MaxRegion:
-		return errors.Newf("service: Config.Region %d not in 0..%d", c.Region, snowflake.MaxRegion)
+		return fmt.Errorf("service: Config.Region %d not in 0..%d", c.Region, snowflake.MaxRegion)
 	case c.Allocator == nil:
 		return errors.New("service: Config.Allocator is required")
 	case c.MaxBlock < 1 || c.MaxBlock > 10*DefaultMaxBlock:
-		return errors.Newf("service: Config.MaxBlock %d not in 1..%d", c.MaxBlock, 10*DefaultMaxBlock)
+		return fmt.Errorf("service: Config.MaxBlock %d not in 1..%d", c.MaxBlock, 10*DefaultMaxBlock)
 	case c.RollbackBound < 0:
-		return errors.Newf("service: Config.RollbackBound %v is negative", c.RollbackBound)
+		return fmt.Errorf("service: Config.RollbackBound %v is negative", c.RollbackBound)
 	}
 	for name, d := range map[string]time.Duration{"CheckInterval": c.CheckInterval,
 		"StoreCheckTimeout": c.StoreCheckTimeout, "FreeCodesInterval": c.FreeCodesInterval,
 		"RPCTimeout": c.RPCTimeout} {
 		if d < 0 {
-			return errors.Newf("service: Config.%s %v is negative", name, d)
+			return fmt.Errorf("service: Config.%s %v is negative", name, d)
 		}
 	}
 	return nil
@@ -478,7 +479,7 @@ func (s *Service) RenewLease(ctx context.Context, req *idrangev1.RenewLeaseReque
 		}
 		if nl.TTL <= 0 {
 			s.metrics.LeaseRenewalFailures.Inc()
-			return errors.Wrapf(segment.ErrLeaseLost, "worker %d: store granted TTL %v", l.Worker, nl.TTL)
+			return fmt.Errorf("worker %d: store granted TTL %v: %w", l.Worker, nl.TTL, segment.ErrLeaseLost)
 		}
 		resp = &idrangev1.RenewLeaseResponse{TtlMs: nl.TTL.Milliseconds()}
 		return nil
@@ -527,8 +528,7 @@ func (s *Service) AllocateBlock(ctx context.Context, req *idrangev1.AllocateBloc
 		}
 		if b.Hi <= b.Lo || b.Region != l.Region || b.Worker != l.Worker {
 			// Never forward a block the store should not have produced.
-			return errors.Newf("store returned block [%d,%d) for code %d/%d on lease %d/%d",
-				b.Lo, b.Hi, b.Region, b.Worker, l.Region, l.Worker)
+			return fmt.Errorf("store returned block [%d,%d) for code %d/%d on lease %d/%d", b.Lo, b.Hi, b.Region, b.Worker, l.Region, l.Worker)
 		}
 		now := s.observe()
 		s.metrics.observeGrant(b, time.Since(start), now)

@@ -2,13 +2,14 @@ package service
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/errors"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
@@ -236,13 +237,13 @@ func TestErrorMappingThroughService(t *testing.T) {
 		err  error
 		code codes.Code
 	}{
-		{errors.Wrap(segment.ErrFenced, "worker 3 token 9"), codes.FailedPrecondition},
-		{errors.Wrap(segment.ErrLeaseLost, "lease 11"), codes.FailedPrecondition},
+		{fmt.Errorf("worker 3 token 9: %w", segment.ErrFenced), codes.FailedPrecondition},
+		{fmt.Errorf("lease 11: %w", segment.ErrLeaseLost), codes.FailedPrecondition},
 		{&segment.Backpressure{RetryAfter: 250 * time.Millisecond}, codes.ResourceExhausted},
-		{errors.Wrap(segment.ErrCorrupt, "hwm key"), codes.DataLoss},
-		{errors.Wrap(segment.ErrUnavailable, "etcd timeout"), codes.Unavailable},
-		{errors.Wrap(segment.ErrEpochExhausted, "hi"), codes.OutOfRange},
-		{errors.Wrap(segment.ErrInvalid, "n"), codes.InvalidArgument},
+		{fmt.Errorf("hwm key: %w", segment.ErrCorrupt), codes.DataLoss},
+		{fmt.Errorf("etcd timeout: %w", segment.ErrUnavailable), codes.Unavailable},
+		{fmt.Errorf("hi: %w", segment.ErrEpochExhausted), codes.OutOfRange},
+		{fmt.Errorf("n: %w", segment.ErrInvalid), codes.InvalidArgument},
 		{errors.New("surprise"), codes.Internal},
 	}
 	for _, tc := range cases {
@@ -267,11 +268,11 @@ func TestErrorMappingThroughService(t *testing.T) {
 			}
 		})
 	}
-	f.fake.setErr(errors.Wrap(segment.ErrNoFreeCode, "256 of 256"))
+	f.fake.setErr(fmt.Errorf("256 of 256: %w", segment.ErrNoFreeCode))
 	if _, err := f.alloc.Acquire(ctx, 1, "x"); !errors.Is(err, segment.ErrNoFreeCode) || status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("acquire: %v", err)
 	}
-	f.fake.setErr(errors.Wrap(segment.ErrLeaseLost, "gone"))
+	f.fake.setErr(fmt.Errorf("gone: %w", segment.ErrLeaseLost))
 	if _, err := f.alloc.Renew(ctx, lease); !errors.Is(err, segment.ErrLeaseLost) {
 		t.Fatalf("renew: %v", err)
 	}
@@ -488,10 +489,10 @@ func TestNextErrors(t *testing.T) {
 		err  error
 		code codes.Code
 	}{
-		{errors.Wrap(segment.ErrLeaseLost, "own lease"), codes.Unavailable},
-		{errors.Wrap(segment.ErrFenced, "own lease"), codes.Unavailable},
+		{fmt.Errorf("own lease: %w", segment.ErrLeaseLost), codes.Unavailable},
+		{fmt.Errorf("own lease: %w", segment.ErrFenced), codes.Unavailable},
 		{errors.New("no block yet"), codes.Unavailable},
-		{errors.Wrap(snowflake.ErrEpochExhausted, "end"), codes.OutOfRange},
+		{fmt.Errorf("end: %w", snowflake.ErrEpochExhausted), codes.OutOfRange},
 	} {
 		f.svc.SetMinter(minterFunc(func(context.Context) (snowflake.ID, error) { return 0, tc.err }))
 		_, err := f.cli.Next(ctx, &idrangev1.NextRequest{})

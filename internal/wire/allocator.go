@@ -2,10 +2,10 @@ package wire
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"time"
 
-	"github.com/cockroachdb/errors"
 	"google.golang.org/grpc"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
@@ -33,22 +33,22 @@ type allocator struct {
 
 func (a *allocator) Acquire(ctx context.Context, region int, owner string) (segment.Lease, error) {
 	if region < 0 || region > snowflake.MaxRegion {
-		return segment.Lease{}, errors.Wrapf(segment.ErrInvalid, "region %d not in 0..%d", region, snowflake.MaxRegion)
+		return segment.Lease{}, fmt.Errorf("region %d not in 0..%d: %w", region, snowflake.MaxRegion, segment.ErrInvalid)
 	}
 	resp, err := a.c.AcquireLease(ctx, &idrangev1.AcquireLeaseRequest{Region: uint32(region), Owner: owner})
 	if err != nil {
 		return segment.Lease{}, FromStatus(err)
 	}
 	if resp.GetLease() == nil {
-		return segment.Lease{}, errors.Wrap(ErrProtocol, "AcquireLease reply has no lease")
+		return segment.Lease{}, fmt.Errorf("AcquireLease reply has no lease: %w", ErrProtocol)
 	}
 	l := LeaseFromProto(resp.GetLease())
 	l.TTL = time.Duration(resp.GetTtlMs()) * time.Millisecond
 	if err := checkLease(l, ErrProtocol); err != nil {
-		return segment.Lease{}, errors.Wrap(err, "AcquireLease reply")
+		return segment.Lease{}, fmt.Errorf("AcquireLease reply: %w", err)
 	}
 	if l.Region != region {
-		return segment.Lease{}, errors.Wrapf(ErrProtocol, "AcquireLease reply: region %d, asked for %d", l.Region, region)
+		return segment.Lease{}, fmt.Errorf("AcquireLease reply: region %d, asked for %d: %w", l.Region, region, ErrProtocol)
 	}
 	return l, nil
 }
@@ -65,7 +65,7 @@ func (a *allocator) Renew(ctx context.Context, l segment.Lease) (segment.Lease, 
 	if resp.GetTtlMs() <= 0 {
 		// etcd answers a keep-alive of an expired lease with TTL 0; a
 		// server that forwards it must not be read as "renewed".
-		return segment.Lease{}, errors.Wrapf(segment.ErrLeaseLost, "RenewLease reply: ttl_ms %d", resp.GetTtlMs())
+		return segment.Lease{}, fmt.Errorf("RenewLease reply: ttl_ms %d: %w", resp.GetTtlMs(), segment.ErrLeaseLost)
 	}
 	l.TTL = time.Duration(resp.GetTtlMs()) * time.Millisecond
 	return l, nil
@@ -86,7 +86,7 @@ func (a *allocator) Allocate(ctx context.Context, l segment.Lease, n int) (segme
 		return segment.Block{}, err
 	}
 	if n <= 0 || n > math.MaxUint32 {
-		return segment.Block{}, errors.Wrapf(segment.ErrInvalid, "count %d not in 1..%d", n, uint32(math.MaxUint32))
+		return segment.Block{}, fmt.Errorf("count %d not in 1..%d: %w", n, uint32(math.MaxUint32), segment.ErrInvalid)
 	}
 	resp, err := a.c.AllocateBlock(ctx, &idrangev1.AllocateBlockRequest{Lease: pl, Count: uint32(n)})
 	if err != nil {
@@ -112,13 +112,13 @@ func leaseRequest(l segment.Lease) (*idrangev1.Lease, error) {
 func checkLease(l segment.Lease, sentinel error) error {
 	switch {
 	case l.Region < 0 || l.Region > snowflake.MaxRegion:
-		return errors.Wrapf(sentinel, "lease region %d not in 0..%d", l.Region, snowflake.MaxRegion)
+		return fmt.Errorf("lease region %d not in 0..%d: %w", l.Region, snowflake.MaxRegion, sentinel)
 	case l.Worker < 0 || l.Worker > snowflake.MaxWorker:
-		return errors.Wrapf(sentinel, "lease worker %d not in 0..%d", l.Worker, snowflake.MaxWorker)
+		return fmt.Errorf("lease worker %d not in 0..%d: %w", l.Worker, snowflake.MaxWorker, sentinel)
 	case l.Token <= 0:
-		return errors.Wrapf(sentinel, "lease token %d not > 0", l.Token)
+		return fmt.Errorf("lease token %d not > 0: %w", l.Token, sentinel)
 	case l.LeaseID <= 0:
-		return errors.Wrapf(sentinel, "lease_id %d not > 0", l.LeaseID)
+		return fmt.Errorf("lease_id %d not > 0: %w", l.LeaseID, sentinel)
 	}
 	return nil
 }
@@ -128,17 +128,17 @@ func checkLease(l segment.Lease, sentinel error) error {
 func checkBlock(b segment.Block, asked int) error {
 	switch {
 	case b.Lo < 0:
-		return errors.Wrapf(ErrProtocol, "AllocateBlock reply: lo %d < 0", b.Lo)
+		return fmt.Errorf("AllocateBlock reply: lo %d < 0: %w", b.Lo, ErrProtocol)
 	case b.Hi <= b.Lo:
-		return errors.Wrapf(ErrProtocol, "AllocateBlock reply: hi %d <= lo %d", b.Hi, b.Lo)
+		return fmt.Errorf("AllocateBlock reply: hi %d <= lo %d: %w", b.Hi, b.Lo, ErrProtocol)
 	case b.Hi > MaxLinear:
-		return errors.Wrapf(ErrProtocol, "AllocateBlock reply: hi %d past the end of the epoch %d", b.Hi, MaxLinear)
+		return fmt.Errorf("AllocateBlock reply: hi %d past the end of the epoch %d: %w", b.Hi, MaxLinear, ErrProtocol)
 	case b.Hi-b.Lo > int64(asked):
-		return errors.Wrapf(ErrProtocol, "AllocateBlock reply: %d IDs, more than the %d asked", b.Hi-b.Lo, asked)
+		return fmt.Errorf("AllocateBlock reply: %d IDs, more than the %d asked: %w", b.Hi-b.Lo, asked, ErrProtocol)
 	case b.ServiceTime.IsZero() || b.ValidUntil.IsZero():
-		return errors.Wrap(ErrProtocol, "AllocateBlock reply: service time or validity missing")
+		return fmt.Errorf("AllocateBlock reply: service time or validity missing: %w", ErrProtocol)
 	case b.ValidUntil.Before(b.ServiceTime):
-		return errors.Wrapf(ErrProtocol, "AllocateBlock reply: valid until %v before service time %v", b.ValidUntil, b.ServiceTime)
+		return fmt.Errorf("AllocateBlock reply: valid until %v before service time %v: %w", b.ValidUntil, b.ServiceTime, ErrProtocol)
 	}
 	return nil
 }

@@ -2,12 +2,13 @@ package wire
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/errors"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
@@ -53,7 +54,7 @@ func (f *fakeAlloc) Renew(_ context.Context, l segment.Lease) (segment.Lease, er
 		return segment.Lease{}, f.fail
 	}
 	if f.tokens[l.Worker] != l.Token {
-		return segment.Lease{}, errors.Wrapf(segment.ErrFenced, "token %d", l.Token)
+		return segment.Lease{}, fmt.Errorf("token %d: %w", l.Token, segment.ErrFenced)
 	}
 	l.TTL = 2500 * time.Millisecond
 	return l, nil
@@ -62,8 +63,11 @@ func (f *fakeAlloc) Renew(_ context.Context, l segment.Lease) (segment.Lease, er
 func (f *fakeAlloc) Release(_ context.Context, l segment.Lease) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.fail != nil {
+		return f.fail
+	}
 	if f.tokens[l.Worker] != l.Token {
-		return errors.Wrapf(segment.ErrFenced, "token %d", l.Token)
+		return fmt.Errorf("token %d: %w", l.Token, segment.ErrFenced)
 	}
 	delete(f.tokens, l.Worker)
 	return nil
@@ -76,7 +80,7 @@ func (f *fakeAlloc) Allocate(_ context.Context, l segment.Lease, n int) (segment
 		return segment.Block{}, f.fail
 	}
 	if f.tokens[l.Worker] != l.Token {
-		return segment.Block{}, errors.Wrapf(segment.ErrFenced, "worker %d token %d", l.Worker, l.Token)
+		return segment.Block{}, fmt.Errorf("worker %d token %d: %w", l.Worker, l.Token, segment.ErrFenced)
 	}
 	lo := f.hwm[l.Worker]
 	f.hwm[l.Worker] = lo + int64(n)
@@ -181,7 +185,7 @@ func TestAllocatorRoundTrip(t *testing.T) {
 	}
 
 	f.mu.Lock()
-	f.fail = errors.Wrap(&segment.Backpressure{RetryAfter: 40 * time.Millisecond}, "code 1")
+	f.fail = fmt.Errorf("code 1: %w", &segment.Backpressure{RetryAfter: 40 * time.Millisecond})
 	f.mu.Unlock()
 	l3 := segment.Lease{Region: 2, Worker: 1, Token: 5, LeaseID: 9}
 	_, err = a.Allocate(ctx, l3, 10)
@@ -190,7 +194,7 @@ func TestAllocatorRoundTrip(t *testing.T) {
 		t.Fatalf("Allocate under backpressure: %v (%+v)", err, bp)
 	}
 	f.mu.Lock()
-	f.fail = errors.Wrap(segment.ErrNoFreeCode, "region 2: 256 of 256 leased")
+	f.fail = fmt.Errorf("region 2: 256 of 256 leased: %w", segment.ErrNoFreeCode)
 	f.mu.Unlock()
 	if _, err := a.Acquire(ctx, 2, "x"); !errors.Is(err, segment.ErrNoFreeCode) {
 		t.Fatalf("Acquire: %v, want ErrNoFreeCode", err)

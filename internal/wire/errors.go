@@ -17,9 +17,10 @@ package wire
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"time"
 
-	"github.com/cockroachdb/errors"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -125,8 +126,15 @@ type Error struct {
 	cause error // the sentinel (or *segment.Backpressure), may be nil
 }
 
-// Error is the server's status message.
-func (e *Error) Error() string { return e.st.Message() }
+// Error is the server's status message, on one line: line breaks (a
+// stack trace from another server, say) become "; ".
+func (e *Error) Error() string {
+	m := e.st.Message()
+	if !strings.ContainsAny(m, "\r\n") {
+		return m
+	}
+	return strings.Join(strings.FieldsFunc(m, func(r rune) bool { return r == '\r' || r == '\n' }), "; ")
+}
 
 // Unwrap returns the sentinel the status maps to, or nil.
 func (e *Error) Unwrap() error { return e.cause }

@@ -2,12 +2,11 @@ package wire
 
 import (
 	"context"
-	stderrors "errors"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/errors"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -42,7 +41,7 @@ func TestMappingRoundTrip(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(Reason(tc.sentinel), func(t *testing.T) {
-			orig := errors.Wrapf(tc.sentinel, "worker %d", 7)
+			orig := fmt.Errorf("worker %d: %w", 7, tc.sentinel)
 			st := ToStatus(orig)
 			if got := status.Code(st); got != tc.code {
 				t.Fatalf("ToStatus code = %v, want %v", got, tc.code)
@@ -51,7 +50,7 @@ func TestMappingRoundTrip(t *testing.T) {
 				t.Fatalf("message = %q, want %q", got, orig.Error())
 			}
 			back := FromStatus(st)
-			if !errors.Is(back, tc.sentinel) || !stderrors.Is(back, tc.sentinel) {
+			if !errors.Is(back, tc.sentinel) {
 				t.Fatalf("FromStatus(%v) does not wrap %v", back, tc.sentinel)
 			}
 			for _, other := range cases {
@@ -74,7 +73,7 @@ func TestMappingRoundTrip(t *testing.T) {
 }
 
 func TestBackpressureRetryAfterCrossesWire(t *testing.T) {
-	orig := errors.Wrap(&segment.Backpressure{RetryAfter: 1500 * time.Millisecond}, "code 3")
+	orig := fmt.Errorf("code 3: %w", &segment.Backpressure{RetryAfter: 1500 * time.Millisecond})
 	st := ToStatus(orig)
 	if status.Code(st) != codes.ResourceExhausted {
 		t.Fatalf("code = %v", status.Code(st))
@@ -108,7 +107,7 @@ func TestToStatusOtherErrors(t *testing.T) {
 		code codes.Code
 	}{
 		{"canceled", fmt.Errorf("x: %w", context.Canceled), codes.Canceled},
-		{"deadline", errors.Wrap(context.DeadlineExceeded, "etcd"), codes.DeadlineExceeded},
+		{"deadline", fmt.Errorf("etcd: %w", context.DeadlineExceeded), codes.DeadlineExceeded},
 		{"unknown", errors.New("boom"), codes.Internal},
 		{"status passes through", status.Error(codes.PermissionDenied, "no"), codes.PermissionDenied},
 	}

@@ -11,22 +11,18 @@
 // a block, mints until SIGTERM/SIGINT or --duration, then closes the client
 // (giving the lease back), flushes the history and exits 0.
 //
-// Test mode (environment IDRANGE_FAULTS=1 only) reads commands from stdin,
-// one per line:
-//
-//	clock <duration>   set the client's clock offset (rangeclient Config.Clock)
-//	                   to <duration>, e.g. "clock -2s"; recorded as a note
-//
-// Without IDRANGE_FAULTS=1 the client uses the system clock and stdin
-// commands are ignored. With --exit-on-stdin-eof the process exits when its
-// stdin closes (its parent test process is gone).
+// With --exit-on-stdin-eof the process exits when its stdin closes (its
+// parent test process is gone); what it reads from stdin is ignored. The
+// client reads only Go's monotonic clock, so there is no client clock to
+// move: clock faults are injected into the service (rangesvc serve).
 package main
 
 import (
-	"bufio"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -34,17 +30,12 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/cockroachdb/errors"
 	"google.golang.org/grpc"
 
-	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/history"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/snowflake"
 )
-
-// faultsEnv enables the test-only stdin commands when set to "1".
-const faultsEnv = "IDRANGE_FAULTS"
 
 type config struct {
 	targets      []string
@@ -58,7 +49,6 @@ type config struct {
 	duration     time.Duration
 	refill       time.Duration
 	stdinEOF     bool
-	faults       bool
 	logLevel     string
 	failurePause time.Duration
 }
@@ -71,7 +61,7 @@ func main() {
 }
 
 func parse(args []string) (config, error) {
-	c := config{faults: os.Getenv(faultsEnv) == "1"}
+	var c config
 	fs := flag.NewFlagSet("minter", flag.ContinueOnError)
 	var targets string
 	fs.StringVar(&targets, "targets", "", "rangesvc replicas host:port,... (required)")
@@ -99,15 +89,15 @@ func parse(args []string) (config, error) {
 	}
 	switch {
 	case fs.NArg() > 0:
-		return c, errors.Newf("unexpected arguments %q", fs.Args())
+		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
 	case len(c.targets) == 0:
 		return c, errors.New("--targets is required")
 	case c.region < 0 || c.region > snowflake.MaxRegion:
-		return c, errors.Newf("--region %d not in 0..%d", c.region, snowflake.MaxRegion)
+		return c, fmt.Errorf("--region %d not in 0..%d", c.region, snowflake.MaxRegion)
 	case c.name == "" || strings.ContainsAny(c.name, " \t=") || c.path == "":
 		return c, errors.New("--name (no spaces) and --history are required")
 	case c.rate < 1 || c.batch < 1 || c.batch > c.rate:
-		return c, errors.Newf("--rate %d and --batch %d must be >= 1 with batch <= rate", c.rate, c.batch)
+		return c, fmt.Errorf("--rate %d and --batch %d must be >= 1 with batch <= rate", c.rate, c.batch)
 	case c.margin <= 0 || c.rpcTimeout <= 0 || c.callTimeout <= 0 || c.duration <= 0 || c.startTimeout <= 0:
 		return c, errors.New("durations must be positive")
 	}
@@ -121,7 +111,7 @@ func run(args []string) error {
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.logLevel)); err != nil {
-		return errors.Newf("--log-level %q", c.logLevel)
+		return fmt.Errorf("--log-level %q", c.logLevel)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})).With("minter", c.name)
 
@@ -146,20 +136,16 @@ func run(args []string) error {
 		Logger:         log,
 		DialOptions:    []grpc.DialOption{grpc.WithChainUnaryInterceptor(rec.UnaryClientInterceptor())},
 	}
-	var clk *clock.Offset
-	if c.faults {
-		clk = &clock.Offset{}
-		cfg.Clock = clk
-		log.Warn("TEST-ONLY fault commands enabled on stdin", "env", faultsEnv)
+	if c.stdinEOF {
+		go exitOnStdinEOF(stop)
 	}
-	go readStdin(c, clk, rec, log, stop)
 
 	sctx, scancel := context.WithTimeout(ctx, c.startTimeout)
 	cli, err := rangeclient.New(sctx, cfg)
 	scancel()
 	if err != nil {
 		rec.Note(history.Now(), "start failed: "+err.Error())
-		return errors.Wrap(err, "start")
+		return fmt.Errorf("start: %w", err)
 	}
 	if err := rec.Flush(); err != nil { // the lease is on file before READY
 		return err
@@ -236,31 +222,9 @@ func classify(err error) string {
 	return "other"
 }
 
-// readStdin applies test-mode commands and, with --exit-on-stdin-eof, stops
-// the process when stdin closes.
-func readStdin(c config, clk *clock.Offset, rec *history.Recorder, log *slog.Logger, stop func()) {
-	sc := bufio.NewScanner(os.Stdin)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if !c.faults || line == "" {
-			continue
-		}
-		cmd, arg, _ := strings.Cut(line, " ")
-		switch cmd {
-		case "clock":
-			d, err := time.ParseDuration(strings.TrimSpace(arg))
-			if err != nil {
-				log.Error("bad clock command", "line", line, "err", err)
-				continue
-			}
-			clk.Set(d)
-			rec.Note(history.Now(), fmt.Sprintf("client clock offset set to %v", d))
-			log.Warn("TEST-ONLY fault: client clock offset set", "offset", d)
-		default:
-			log.Error("unknown command", "line", line)
-		}
-	}
-	if c.stdinEOF {
-		stop()
-	}
+// exitOnStdinEOF reads stdin to its end, discarding it, and then stops the
+// process.
+func exitOnStdinEOF(stop func()) {
+	io.Copy(io.Discard, os.Stdin)
+	stop()
 }
