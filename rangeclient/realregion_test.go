@@ -8,7 +8,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/idrange/idrange/internal/embedetcd"
+	"github.com/idrange/idrange/internal/embedetcd/embedetcdtest"
 	"github.com/idrange/idrange/internal/testenv"
 	"github.com/idrange/idrange/rangeclient/rangeclienttest"
 	"github.com/idrange/idrange/segment"
@@ -27,7 +27,7 @@ func realRegion(t *testing.T, replicas int) []*testenv.Replica {
 	if testing.Short() {
 		t.Skip("real region: skipped with -short")
 	}
-	etcd := embedetcd.StartForTest(t)
+	etcd := embedetcdtest.Start(t)
 	rs := make([]*testenv.Replica, replicas)
 	for i := range rs {
 		rs[i] = testenv.Start(t, testenv.Config{Region: 1, Etcd: etcd, Store: segment.StoreConfig{LeaseTTL: realTTL}})
@@ -245,7 +245,7 @@ func TestRealSpecCase5FleetInOneMillisecond(t *testing.T) {
 		t.Skip("800 clients over in-process etcd: too slow under -race")
 	}
 	const regions, perRegion, perClient = 4, 200, 1000
-	etcd := embedetcd.StartForTest(t)
+	etcd := embedetcdtest.Start(t)
 	frozen := fixedClock{time.Now().Truncate(time.Millisecond)}
 	ms := snowflake.MsSince(frozen.t)
 	clients := make([][]*Client, regions)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/embedetcd"
+	"github.com/idrange/idrange/internal/embedetcd/embedetcdtest"
 	"github.com/idrange/idrange/segment"
 )
 
@@ -80,8 +81,8 @@ func checkDisjoint(t *testing.T, blocks []segment.Block) {
 
 func TestLifecycle(t *testing.T) {
 	t.Parallel() // each test has its own etcd
-	srv := embedetcd.StartForTest(t)
-	cli := srv.ClientForTest(t)
+	srv := embedetcdtest.Start(t)
+	cli := embedetcdtest.Client(t, srv)
 	obs := &counter{}
 	st := newStore(t, cli, segment.StoreConfig{Observer: obs})
 	ctx := testCtx(t)
@@ -152,11 +153,11 @@ func TestLifecycle(t *testing.T) {
 // Stores on two etcd clients (two service replicas) sharing one etcd.
 func TestConcurrentReplicasNeverOverlap(t *testing.T) {
 	t.Parallel() // each test has its own etcd
-	srv := embedetcd.StartForTest(t)
+	srv := embedetcdtest.Start(t)
 	obs := &counter{}
 	stores := []*segment.Store{
-		newStore(t, srv.ClientForTest(t), segment.StoreConfig{Observer: obs}),
-		newStore(t, srv.ClientForTest(t), segment.StoreConfig{Observer: obs}),
+		newStore(t, embedetcdtest.Client(t, srv), segment.StoreConfig{Observer: obs}),
+		newStore(t, embedetcdtest.Client(t, srv), segment.StoreConfig{Observer: obs}),
 	}
 	ctx := testCtx(t)
 	l, err := stores[0].Acquire(ctx, 1, "shared")
@@ -220,7 +221,7 @@ func TestConcurrentReplicasNeverOverlap(t *testing.T) {
 		t.Fatalf("observer saw %d grants", obs.granted.Load())
 	}
 	var signals int64
-	if resp, err := srv.ClientForTest(t).Get(ctx, "/idrange/v1/r1/contend/"+fmt.Sprintf("%03d", l.Worker)); err == nil && len(resp.Kvs) == 1 {
+	if resp, err := embedetcdtest.Client(t, srv).Get(ctx, "/idrange/v1/r1/contend/"+fmt.Sprintf("%03d", l.Worker)); err == nil && len(resp.Kvs) == 1 {
 		signals = resp.Kvs[0].Version
 	}
 	t.Logf("%d grants, %d failed attempts retried, %d contention signals", obs.granted.Load(), obs.conflicts.Load(), signals)
@@ -230,10 +231,10 @@ func TestConcurrentReplicasNeverOverlap(t *testing.T) {
 // replicas never hand one code to two live owners.
 func TestConcurrentAcquireDistinctCodes(t *testing.T) {
 	t.Parallel() // each test has its own etcd
-	srv := embedetcd.StartForTest(t)
+	srv := embedetcdtest.Start(t)
 	stores := []*segment.Store{
-		newStore(t, srv.ClientForTest(t), segment.StoreConfig{}),
-		newStore(t, srv.ClientForTest(t), segment.StoreConfig{}),
+		newStore(t, embedetcdtest.Client(t, srv), segment.StoreConfig{}),
+		newStore(t, embedetcdtest.Client(t, srv), segment.StoreConfig{}),
 	}
 	ctx := testCtx(t)
 	const n = 40
@@ -275,8 +276,8 @@ func TestConcurrentAcquireDistinctCodes(t *testing.T) {
 // clock set back 2 s.
 func TestRestartGrantsAboveEarlierBlocks(t *testing.T) {
 	t.Parallel() // each test has its own etcd
-	srv := embedetcd.StartForTest(t)
-	cli := srv.ClientForTest(t)
+	srv := embedetcdtest.Start(t)
+	cli := embedetcdtest.Client(t, srv)
 	st := newStore(t, cli, segment.StoreConfig{LeaseTTL: 30 * time.Second})
 	ctx := testCtx(t)
 	l, err := st.Acquire(ctx, 3, "before-restart")
@@ -306,7 +307,7 @@ func TestRestartGrantsAboveEarlierBlocks(t *testing.T) {
 
 	var off clock.Offset
 	off.Set(-2 * time.Second)
-	fresh := newStore(t, srv.ClientForTest(t), segment.StoreConfig{Clock: &off})
+	fresh := newStore(t, embedetcdtest.Client(t, srv), segment.StoreConfig{Clock: &off})
 	for i, s := range []*segment.Store{st, fresh, st} {
 		b, err := s.Allocate(ctx, l, 4096)
 		if err != nil {
@@ -326,9 +327,9 @@ func TestRestartGrantsAboveEarlierBlocks(t *testing.T) {
 // and nothing is written.
 func TestClockBackStillAboveHWM(t *testing.T) {
 	t.Parallel() // each test has its own etcd
-	srv := embedetcd.StartForTest(t)
+	srv := embedetcdtest.Start(t)
 	var off clock.Offset
-	st := newStore(t, srv.ClientForTest(t), segment.StoreConfig{Clock: &off})
+	st := newStore(t, embedetcdtest.Client(t, srv), segment.StoreConfig{Clock: &off})
 	ctx := testCtx(t)
 	l, err := st.Acquire(ctx, 0, "clock")
 	if err != nil {
@@ -368,8 +369,8 @@ func TestClockBackStillAboveHWM(t *testing.T) {
 // HWM, and the old token is refused everything.
 func TestFullRegionAndFencing(t *testing.T) {
 	t.Parallel() // each test has its own etcd
-	srv := embedetcd.StartForTestConfig(t, embedetcd.Config{UnsafeNoFsync: true})
-	cli := srv.ClientForTest(t)
+	srv := embedetcdtest.StartConfig(t, embedetcd.Config{UnsafeNoFsync: true})
+	cli := embedetcdtest.Client(t, srv)
 	obs := &counter{}
 	st := newStore(t, cli, segment.StoreConfig{Observer: obs, LeaseTTL: 60 * time.Second})
 	ctx := testCtx(t)
@@ -417,7 +418,7 @@ func TestFullRegionAndFencing(t *testing.T) {
 		t.Fatalf("Allocate on an expired lease: %v, want ErrLeaseLost", err)
 	}
 	// A second replica (fresh cache) acquires: code 77 is the only free one.
-	other := newStore(t, srv.ClientForTest(t), segment.StoreConfig{LeaseTTL: 60 * time.Second})
+	other := newStore(t, embedetcdtest.Client(t, srv), segment.StoreConfig{LeaseTTL: 60 * time.Second})
 	nl, err := other.Acquire(ctx, 1, "new owner")
 	if err != nil {
 		t.Fatal(err)
@@ -473,8 +474,8 @@ func TestFullRegionAndFencing(t *testing.T) {
 // key's deletion, not on a sleep.
 func TestLeaseExpiresForReal(t *testing.T) {
 	t.Parallel() // each test has its own etcd
-	srv := embedetcd.StartForTest(t)
-	cli := srv.ClientForTest(t)
+	srv := embedetcdtest.Start(t)
+	cli := embedetcdtest.Client(t, srv)
 	st := newStore(t, cli, segment.StoreConfig{LeaseTTL: time.Second})
 	ctx := testCtx(t)
 	l, err := st.Acquire(ctx, 2, "expiring")
@@ -514,8 +515,8 @@ func TestLeaseExpiresForReal(t *testing.T) {
 // TestCorruptValuesStopTheCode writes garbage to etcd behind the Store's back.
 func TestCorruptValuesStopTheCode(t *testing.T) {
 	t.Parallel() // each test has its own etcd
-	srv := embedetcd.StartForTestConfig(t, embedetcd.Config{UnsafeNoFsync: true})
-	cli := srv.ClientForTest(t)
+	srv := embedetcdtest.StartConfig(t, embedetcd.Config{UnsafeNoFsync: true})
+	cli := embedetcdtest.Client(t, srv)
 	obs := &counter{}
 	st := newStore(t, cli, segment.StoreConfig{Observer: obs})
 	ctx := testCtx(t)
@@ -615,8 +616,8 @@ func TestCorruptValuesStopTheCode(t *testing.T) {
 
 func TestInvalidFields(t *testing.T) {
 	t.Parallel() // each test has its own etcd
-	srv := embedetcd.StartForTestConfig(t, embedetcd.Config{UnsafeNoFsync: true})
-	st := newStore(t, srv.ClientForTest(t), segment.StoreConfig{})
+	srv := embedetcdtest.StartConfig(t, embedetcd.Config{UnsafeNoFsync: true})
+	st := newStore(t, embedetcdtest.Client(t, srv), segment.StoreConfig{})
 	ctx := testCtx(t)
 	good, err := st.Acquire(ctx, 0, "ok")
 	if err != nil {
@@ -734,7 +735,7 @@ func (x *lostResponses) intercept(ctx context.Context, method string, req, reply
 // the next grant must start above what the lost commit wrote.
 func TestUnknownCommitNeverReturnsTheBlock(t *testing.T) {
 	t.Parallel() // each test has its own etcd
-	srv := embedetcd.StartForTestConfig(t, embedetcd.Config{UnsafeNoFsync: true})
+	srv := embedetcdtest.StartConfig(t, embedetcd.Config{UnsafeNoFsync: true})
 	var lost lostResponses
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints: srv.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
@@ -789,8 +790,8 @@ func TestUnknownCommitNeverReturnsTheBlock(t *testing.T) {
 // BenchmarkAllocate measures one grant round trip (a fenced Txn, fsync on)
 // against the embedded etcd. Run: go test -run X -bench Allocate ./segment
 func BenchmarkAllocate(b *testing.B) {
-	srv := embedetcd.StartForTest(b)
-	st := newStore(b, srv.ClientForTest(b), segment.StoreConfig{})
+	srv := embedetcdtest.Start(b)
+	st := newStore(b, embedetcdtest.Client(b, srv), segment.StoreConfig{})
 	ctx := testCtx(b)
 	l, err := st.Acquire(ctx, 0, "bench")
 	if err != nil {
@@ -806,11 +807,11 @@ func BenchmarkAllocate(b *testing.B) {
 // BenchmarkAllocateTwoReplicas: parallel callers on one code through two
 // Stores, the contended case (conflicts per grant are reported).
 func BenchmarkAllocateTwoReplicas(b *testing.B) {
-	srv := embedetcd.StartForTest(b)
+	srv := embedetcdtest.Start(b)
 	obs := &counter{}
 	stores := []*segment.Store{
-		newStore(b, srv.ClientForTest(b), segment.StoreConfig{Observer: obs}),
-		newStore(b, srv.ClientForTest(b), segment.StoreConfig{Observer: obs}),
+		newStore(b, embedetcdtest.Client(b, srv), segment.StoreConfig{Observer: obs}),
+		newStore(b, embedetcdtest.Client(b, srv), segment.StoreConfig{Observer: obs}),
 	}
 	ctx := testCtx(b)
 	l, err := stores[0].Acquire(ctx, 0, "bench")

@@ -16,7 +16,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
-	"github.com/idrange/idrange/internal/embedetcd"
+	"github.com/idrange/idrange/internal/embedetcd/embedetcdtest"
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/internal/testenv"
 	"github.com/idrange/idrange/internal/wire"
@@ -222,7 +222,7 @@ func TestServeTwoReplicasExternalEtcd(t *testing.T) {
 		t.Skip("builds and runs the rangesvc binary")
 	}
 	testenv.Binary(t)
-	etcd := embedetcd.StartForTest(t)
+	etcd := embedetcdtest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const region = 3

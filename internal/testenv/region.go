@@ -14,6 +14,7 @@ import (
 
 	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/embedetcd"
+	"github.com/idrange/idrange/internal/embedetcd/embedetcdtest"
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/segment"
@@ -74,9 +75,9 @@ type Replica struct {
 func Start(t testing.TB, cfg Config) *Replica {
 	t.Helper()
 	if cfg.Etcd == nil {
-		cfg.Etcd = embedetcd.StartForTest(t)
+		cfg.Etcd = embedetcdtest.Start(t)
 	}
-	r := &Replica{cfg: cfg, Etcd: cfg.Etcd, Client: cfg.Etcd.ClientForTest(t), clk: cfg.Clock}
+	r := &Replica{cfg: cfg, Etcd: cfg.Etcd, Client: embedetcdtest.Client(t, cfg.Etcd), clk: cfg.Clock}
 	if r.clk == nil {
 		r.Offset = &clock.Offset{}
 		r.clk = r.Offset
@@ -89,7 +90,7 @@ func Start(t testing.TB, cfg Config) *Replica {
 // StartRegion starts a fresh etcd and n replicas of region on it.
 func StartRegion(t testing.TB, region, n int) []*Replica {
 	t.Helper()
-	etcd := embedetcd.StartForTest(t)
+	etcd := embedetcdtest.Start(t)
 	rs := make([]*Replica, n)
 	for i := range rs {
 		rs[i] = Start(t, Config{Region: region, Etcd: etcd})

@@ -15,7 +15,7 @@ import (
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/clock"
-	"github.com/idrange/idrange/internal/embedetcd"
+	"github.com/idrange/idrange/internal/embedetcd/embedetcdtest"
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
@@ -27,7 +27,7 @@ import (
 // grants still start above the HWM; after a replica restart (new Store, new
 // Service) blocks still start above every earlier one.
 func TestConcurrentGrantsAcrossReplicas(t *testing.T) {
-	etcd := embedetcd.StartForTest(t)
+	etcd := embedetcdtest.Start(t)
 	// Eight callers racing on one HWM key lose many optimistic rounds; the
 	// store's default of 32 lost races per grant is for real traffic (one
 	// owner per code), not for this pile-up.
