@@ -60,13 +60,13 @@ func checkIDs(t *testing.T, region int, seen map[snowflake.ID]bool, ids []snowfl
 // The real binary: serve on loopback random ports with an embedded etcd in a
 // temp dir; mint through `rangesvc mint` and the wire adapter; scrape
 // /metrics; jump the service clock back 2 s through the test-only hook
-// (NOT_SERVING, grants still above the HWM); kill -9; restart on the same
+// of the fault build (NOT_SERVING, grants still above the HWM); kill -9; restart on the same
 // data dir: new blocks start above every earlier one; SIGTERM exits 0.
 func TestServeEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the rangesvc binary")
 	}
-	testenv.Binary(t) // build first: a cold build must not eat the test's deadline
+	testenv.FaultBinary(t) // build first: a cold build must not eat the test's deadline
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	const region = 1
@@ -221,7 +221,8 @@ func TestServeTwoReplicasExternalEtcd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the rangesvc binary")
 	}
-	testenv.Binary(t)
+	testenv.Binary(t) // build both first: a cold build must not eat the test's deadline
+	testenv.FaultBinary(t)
 	etcd := embedetcdtest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

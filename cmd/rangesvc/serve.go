@@ -6,12 +6,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"os/signal"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -23,7 +20,6 @@ import (
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
 
-	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/embedetcd"
 	"github.com/idrange/idrange/internal/service"
 )
@@ -38,16 +34,8 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	lvl, _ := parseLogLevel(cfg.LogLevel)
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
 
-	clk := &clock.Offset{}
-	if cfg.faults {
-		log.Warn("TEST-ONLY fault injection enabled", "env", faultsEnv, "clock_offset", cfg.FaultClockOffset,
-			"clock_file", cfg.FaultClockFile)
-		clk.Set(cfg.FaultClockOffset)
-		if cfg.FaultClockFile != "" {
-			stop := watchFaultClockFile(cfg.FaultClockFile, clk, log)
-			defer stop()
-		}
-	}
+	clk, stopFaults := cfg.Faults.serviceClock(log)
+	defer stopFaults()
 
 	// etcd: embedded in the data dir, or the external cluster.
 	var (
@@ -242,34 +230,4 @@ func (c quietCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.Che
 		return ce
 	}
 	return c.Core.Check(e, ce)
-}
-
-// watchFaultClockFile (TEST ONLY) re-reads path on every SIGUSR1 and sets
-// the service clock offset to the Go duration it contains.
-func watchFaultClockFile(path string, clk *clock.Offset, log *slog.Logger) (stop func()) {
-	ch := make(chan os.Signal, 1)
-	signal.Notify(ch, syscall.SIGUSR1)
-	done := make(chan struct{})
-	go func() {
-		for {
-			select {
-			case <-done:
-				return
-			case <-ch:
-				b, err := os.ReadFile(path)
-				if err != nil {
-					log.Error("fault clock file", "path", path, "err", err)
-					continue
-				}
-				d, err := time.ParseDuration(strings.TrimSpace(string(b)))
-				if err != nil {
-					log.Error("fault clock file: not a duration", "path", path, "err", err)
-					continue
-				}
-				clk.Set(d)
-				log.Warn("TEST-ONLY fault: service clock offset set", "offset", d)
-			}
-		}
-	}()
-	return func() { signal.Stop(ch); close(done) }
 }
