@@ -341,7 +341,7 @@ func StartEnv(ctx context.Context, cfg Config) (*Env, error) {
 			env.etcds = append(env.etcds, e)
 			shared = e
 		}
-		reg, err := region.Start(ctx, region.Config{Region: r, Etcd: e, Store: cfg.Store, Logger: cfg.Logger})
+		reg, err := region.Start(ctx, region.Config{Region: r, Etcd: e.Server, Store: cfg.Store, Logger: cfg.Logger})
 		if err != nil {
 			return nil, err
 		}
@@ -373,15 +373,7 @@ func (e *Env) Close() error {
 func (e *Env) counts() region.Counts {
 	var c region.Counts
 	for _, r := range e.regions {
-		x := r.Counts()
-		c.Grants += x.Grants
-		c.GrantedUnits += x.GrantedUnits
-		c.GrantErrors += x.GrantErrors
-		c.Conflicts += x.Conflicts
-		c.Acquires += x.Acquires
-		c.Releases += x.Releases
-		c.Renewals += x.Renewals
-		c.RenewErrors += x.RenewErrors
+		c = c.Add(r.Counts())
 	}
 	return c
 }

@@ -85,7 +85,7 @@ func runCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if needRegion {
 		fmt.Fprintln(stderr, "compare: starting an in-process region 0 (embedded etcd with fsync, rangesvc on 127.0.0.1)")
 		start := time.Now()
-		r, err := region.Start(ctx, region.Config{Region: 0})
+		r, err := region.Start(ctx, region.Config{Region: 0, NextMinter: nextMinter("rangesvc/next-rpc", nil)})
 		if err != nil {
 			return errors.Wrap(err, "start the in-process region")
 		}

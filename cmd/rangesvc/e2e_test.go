@@ -17,6 +17,7 @@ import (
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/embedetcd/embedetcdtest"
+	"github.com/idrange/idrange/internal/region/regiontest"
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/internal/testenv"
 	"github.com/idrange/idrange/internal/wire"
@@ -84,7 +85,7 @@ func TestServeEndToEnd(t *testing.T) {
 	checkIDs(t, region, seen, p.Mint(t, region, 1000))
 
 	t.Logf("first mint done after %v", time.Since(start))
-	cc := testenv.Dial(t, p.GRPCAddr)
+	cc := regiontest.Dial(t, p.GRPCAddr)
 	a := wire.NewAllocator(cc)
 	hc := healthpb.NewHealthClient(cc)
 	lease, err := a.Acquire(ctx, region, "e2e")
@@ -163,7 +164,7 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Fatalf("process was not killed by SIGKILL: %v", p.ExitErr())
 	}
 	p2 := testenv.StartServe(t, cfg)
-	cc2 := testenv.Dial(t, p2.GRPCAddr)
+	cc2 := regiontest.Dial(t, p2.GRPCAddr)
 	a2 := wire.NewAllocator(cc2)
 	// The etcd lease survived the restart (etcd extends leases on start), so
 	// the same owner continues on the same code: its next block must start
@@ -230,8 +231,8 @@ func TestServeTwoReplicasExternalEtcd(t *testing.T) {
 	pa := testenv.StartServe(t, testenv.ServeConfig{Region: region, Etcd: etcd.Endpoints()})
 	pb := testenv.StartServe(t, testenv.ServeConfig{Region: region, Etcd: etcd.Endpoints(), Faults: true,
 		Args: []string{"--fault-clock-offset", "-2s"}})
-	aa := wire.NewAllocator(testenv.Dial(t, pa.GRPCAddr))
-	ab := wire.NewAllocator(testenv.Dial(t, pb.GRPCAddr))
+	aa := wire.NewAllocator(regiontest.Dial(t, pa.GRPCAddr))
+	ab := wire.NewAllocator(regiontest.Dial(t, pb.GRPCAddr))
 	lease, err := aa.Acquire(ctx, region, "two replicas")
 	if err != nil {
 		t.Fatal(err)
