@@ -16,6 +16,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
+	"github.com/idrange/idrange/internal/cli"
 	"github.com/idrange/idrange/internal/embedetcd/embedetcdtest"
 	"github.com/idrange/idrange/internal/region/regiontest"
 	"github.com/idrange/idrange/internal/service"
@@ -206,8 +207,8 @@ func TestServeBadFlagsSubprocess(t *testing.T) {
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != exitUsage {
-		t.Fatalf("exit: %v, want status %d", err, exitUsage)
+	if !errors.As(err, &ee) || ee.ExitCode() != cli.ExitUsage {
+		t.Fatalf("exit: %v, want status %d", err, cli.ExitUsage)
 	}
 	if !strings.Contains(stderr.String(), "--region 9 not in 0..3") || stdout.Len() != 0 {
 		t.Fatalf("stdout %q stderr %q", stdout.String(), stderr.String())

@@ -5,6 +5,8 @@ package main
 import (
 	"strings"
 	"testing"
+
+	"github.com/idrange/idrange/internal/cli"
 )
 
 // A release build has no fault flags: serve rejects them as unknown (exit
@@ -15,12 +17,12 @@ func TestReleaseBuildHasNoFaultFlags(t *testing.T) {
 	}
 	for _, flag := range []string{"--fault-clock-offset", "--fault-clock-file"} {
 		code, out, errs := runCmd("serve", "--region", "0", flag, "2s")
-		if code != exitUsage || out != "" || !strings.Contains(errs, "flag provided but not defined: "+flag[1:]) {
-			t.Errorf("serve %s: exit %d, stdout %q, stderr %q; want exit %d, unknown flag", flag, code, out, errs, exitUsage)
+		if code != cli.ExitUsage || out != "" || !strings.Contains(errs, "flag provided but not defined: "+flag[1:]) {
+			t.Errorf("serve %s: exit %d, stdout %q, stderr %q; want exit %d, unknown flag", flag, code, out, errs, cli.ExitUsage)
 		}
 	}
 	code, _, errs := runCmd("serve", "-h")
-	if code != exitOK || !strings.Contains(errs, "-region") {
+	if code != cli.ExitOK || !strings.Contains(errs, "-region") {
 		t.Fatalf("serve -h: exit %d, stderr %q", code, errs)
 	}
 	if strings.Contains(errs, "-fault-") || strings.Contains(errs, "TEST ONLY") {

@@ -5,6 +5,8 @@ package main
 import (
 	"strings"
 	"testing"
+
+	"github.com/idrange/idrange/internal/cli"
 )
 
 // The fault build (-tags idrange_faults) accepts the fault flags and lists
@@ -18,7 +20,7 @@ func TestFaultBuildHasFaultFlags(t *testing.T) {
 		t.Fatalf("fault flags: %+v, %v", c, err)
 	}
 	code, _, errs := runCmd("serve", "-h")
-	if code != exitOK || !strings.Contains(errs, "-fault-clock-offset") || !strings.Contains(errs, "-fault-clock-file") {
+	if code != cli.ExitOK || !strings.Contains(errs, "-fault-clock-offset") || !strings.Contains(errs, "-fault-clock-file") {
 		t.Fatalf("serve -h: exit %d, stderr %q", code, errs)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idrange/idrange/internal/cli"
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -84,7 +85,7 @@ type serveConfig struct {
 // parseServeFlags maps args 1:1 onto a validated serveConfig.
 func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	var c serveConfig
-	fs := newFlagSet("serve", stderr)
+	fs := cli.NewFlagSet(prog, "serve", stderr)
 	fs.IntVar(&c.Region, "region", -1, "region code 0..3 this replica serves (required)")
 	fs.StringVar(&c.Listen, "listen", defaultListen, "gRPC listen address host:port (port 0: any free port)")
 	fs.StringVar(&c.Metrics, "metrics", defaultMetrics, "HTTP address for /metrics and /healthz")
@@ -118,17 +119,17 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 		fmt.Fprintln(fs.Output(), "usage: rangesvc serve --region N [--listen ADDR] [--metrics ADDR] [--data-dir DIR | --etcd EPS] [flags]")
 		fs.PrintDefaults()
 	}
-	if err := parseFlags(fs, args); err != nil {
+	if err := cli.ParseFlags(fs, args); err != nil {
 		return c, err
 	}
 	if fs.NArg() > 0 {
-		return c, usagef("unexpected arguments %q", fs.Args())
+		return c, cli.Usagef("unexpected arguments %q", fs.Args())
 	}
 	if !c.dataDirSet {
 		c.DataDir = defaultDataDir
 	}
 	if err := c.Validate(); err != nil {
-		return c, usageError{err}
+		return c, cli.UsageError{Err: err}
 	}
 	return c, nil
 }

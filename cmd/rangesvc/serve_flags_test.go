@@ -3,6 +3,8 @@ package main
 import (
 	"strings"
 	"testing"
+
+	"github.com/idrange/idrange/internal/cli"
 )
 
 // Bad flags of serve and mint exit 2 with a message naming the problem,
@@ -48,8 +50,8 @@ func TestBadFlags(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, out, errs := runCmd(tc.args...)
-			if code != exitUsage {
-				t.Fatalf("exit %d, want %d; stderr %q", code, exitUsage, errs)
+			if code != cli.ExitUsage {
+				t.Fatalf("exit %d, want %d; stderr %q", code, cli.ExitUsage, errs)
 			}
 			if out != "" {
 				t.Fatalf("stdout not empty: %q", out)
