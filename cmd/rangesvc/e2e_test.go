@@ -59,11 +59,12 @@ func checkIDs(t *testing.T, region int, seen map[snowflake.ID]bool, ids []snowfl
 	}
 }
 
-// The real binary: serve on loopback random ports with an embedded etcd in a
-// temp dir; mint through `rangesvc mint` and the wire adapter; scrape
-// /metrics; jump the service clock back 2 s through the test-only hook
-// of the fault build (NOT_SERVING, grants still above the HWM); kill -9; restart on the same
-// data dir: new blocks start above every earlier one; SIGTERM exits 0.
+// The real binary (its fault build): serve on loopback random ports with an
+// embedded etcd in a temp dir; mint through `rangesvc mint` and the wire
+// adapter; scrape /metrics; jump the service clock back 2 s through the
+// test-only hook (NOT_SERVING, grants still above the HWM); kill -9; restart
+// on the same data dir: new blocks start above every earlier one; SIGTERM
+// exits 0.
 func TestServeEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the rangesvc binary")
