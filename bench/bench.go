@@ -341,7 +341,7 @@ func StartEnv(ctx context.Context, cfg Config) (*Env, error) {
 			env.etcds = append(env.etcds, e)
 			shared = e
 		}
-		reg, err := region.Start(ctx, region.Config{Region: r, Etcd: e, Store: cfg.Store, Logger: cfg.Logger})
+		reg, err := region.Start(ctx, region.Config{Region: r, Etcd: e.Server, Store: cfg.Store, Logger: cfg.Logger})
 		if err != nil {
 			return nil, err
 		}
@@ -373,15 +373,7 @@ func (e *Env) Close() error {
 func (e *Env) counts() region.Counts {
 	var c region.Counts
 	for _, r := range e.regions {
-		x := r.Counts()
-		c.Grants += x.Grants
-		c.GrantedUnits += x.GrantedUnits
-		c.GrantErrors += x.GrantErrors
-		c.Conflicts += x.Conflicts
-		c.Acquires += x.Acquires
-		c.Releases += x.Releases
-		c.Renewals += x.Renewals
-		c.RenewErrors += x.RenewErrors
+		c = c.Add(r.Counts())
 	}
 	return c
 }
@@ -463,7 +455,9 @@ type worker struct {
 	burstIDs   int64
 }
 
-// RunOn runs the fleet once on env (whose regions must match cfg.Regions).
+// RunOn runs the fleet once on env (whose regions must match cfg.Regions):
+// start every client, run the paced load, sum what was measured, close the
+// clients and verify every ID.
 func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -472,6 +466,34 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 	if len(env.regions) != cfg.Regions {
 		return nil, errors.Newf("bench: environment has %d regions, config %d", len(env.regions), cfg.Regions)
 	}
+	rep := newReport(cfg)
+	workers, err := rep.startFleet(ctx, env, cfg)
+	defer closeClients(workers, cfg.SetupConcurrency)
+	if err != nil {
+		return nil, err
+	}
+
+	begin := time.Now()
+	cpu0 := machine.CPUTime()
+	checker, err := newChecker(env, cfg, begin)
+	if err != nil {
+		return nil, err
+	}
+	workers[0].burst = !cfg.NoBurst
+	base := takeBaseline(env, workers)
+	rep.runPaced(ctx, cfg, env, workers, checker, begin, cpu0, base)
+	rep.sumWorkers(cfg, workers)
+	rep.sumFleet(cfg, env, workers, base)
+
+	// Close the clients (frees the CPU, gives the leases back), then check.
+	closeClients(workers, cfg.SetupConcurrency)
+	rep.verify(cfg, checker, workers)
+	runtime.GC()
+	return rep, nil
+}
+
+// newReport is the report of a run of cfg before anything ran.
+func newReport(cfg Config) *Report {
 	n := cfg.Regions * cfg.Workers
 	rep := &Report{
 		Machine: machine.Current(),
@@ -485,22 +507,31 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 	if rep.Fleet.RefillInterval == 0 {
 		rep.Fleet.RefillInterval = Dur(rangeclient.DefaultRefillInterval)
 	}
+	return rep
+}
 
-	// Start every client (lease + first block) before the clock starts.
+// startFleet starts every client (lease + first block) before the clock
+// starts, recording the setup time and retries. The workers it returns
+// (some nil on error) must be closed by the caller.
+func (rep *Report) startFleet(ctx context.Context, env *Env, cfg Config) ([]*worker, error) {
+	n := cfg.Regions * cfg.Workers
 	setupStart := time.Now()
 	fmt.Fprintf(cfg.Progress, "bench: starting %d clients (%d regions x %d workers)\n", n, cfg.Regions, cfg.Workers)
 	workers, retries, err := startClients(ctx, env, cfg)
 	rep.SetupRetries = retries
-	defer closeClients(workers, cfg.SetupConcurrency)
 	if err != nil {
-		return nil, err
+		return workers, err
 	}
 	rep.SetupTime = Dur(time.Since(setupStart))
 	fmt.Fprintf(cfg.Progress, "bench: %d clients ready in %v\n", n, time.Duration(rep.SetupTime).Round(time.Millisecond))
+	return workers, nil
+}
 
-	// A client that loses its lease takes a new one, possibly another code
-	// of its region: every code of the fleet's regions is allowed, and each
-	// worker checks that its IDs carry its own region (keep).
+// newChecker is the verification of a run that begins at begin. A client
+// that loses its lease takes a new one, possibly another code of its
+// region: every code of the fleet's regions is allowed, and each worker
+// checks that its IDs carry its own region (keep).
+func newChecker(env *Env, cfg Config, begin time.Time) (*idcheck.Checker, error) {
 	regionCodes := make([]int, cfg.Regions)
 	for i := range regionCodes {
 		regionCodes[i] = env.regions[i].RegionID()
@@ -510,27 +541,35 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 	if cfg.Store.Policy.MaxLead > 0 {
 		leadSlack = cfg.Store.Policy.MaxLead
 	}
-	begin := time.Now()
-	cpu0 := machine.CPUTime()
-	checker, err := idcheck.New(idcheck.Config{
+	return idcheck.New(idcheck.Config{
 		Expect:    expect, // a worker that minted nothing is reported (Verify.MissingCodes), not a failure
 		NotBefore: begin.Add(-time.Second),
 		NotAfter:  begin.Add(cfg.Duration + leadSlack + 5*time.Second),
 		Capacity:  int(min(cfg.Rate*cfg.Duration.Seconds()*1.05, 1<<31)) + 1<<16,
 	})
-	if err != nil {
-		return nil, err
-	}
-	workers[0].burst = !cfg.NoBurst
+}
 
-	// The paced run.
-	counts0 := env.counts()
-	stats0 := fleetStats(workers)
-	lat0 := env.rpcLatency()
+// baseline is what the counters read before the paced run; the report
+// counts the difference.
+type baseline struct {
+	counts  region.Counts
+	stats   statsSum
+	latency map[string]*hdr.Histogram
+}
+
+func takeBaseline(env *Env, workers []*worker) baseline {
+	return baseline{counts: env.counts(), stats: fleetStats(workers), latency: env.rpcLatency()}
+}
+
+// runPaced runs every worker's paced loop (and the progress line) until
+// the end of the window plus the grace for late Next calls, and records
+// the elapsed time and CPU use.
+func (rep *Report) runPaced(ctx context.Context, cfg Config, env *Env, workers []*worker, checker *idcheck.Checker,
+	begin time.Time, cpu0 time.Duration, base baseline) {
 	end := begin.Add(cfg.Duration)
 	runCtx, cancel := context.WithDeadline(ctx, end.Add(endGrace))
 	defer cancel()
-	perWorker := cfg.Rate / float64(n)
+	perWorker := cfg.Rate / float64(len(workers))
 	var wg sync.WaitGroup
 	jitter := rand.New(rand.NewPCG(uint64(begin.UnixNano()), 7))
 	for _, w := range workers {
@@ -544,19 +583,23 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 	progressDone := make(chan struct{})
 	go func() {
 		defer close(progressDone)
-		progress(runCtx, cfg, env, workers, begin, counts0, stats0)
+		progress(runCtx, cfg, env, workers, begin, base.counts, base.stats)
 	}()
 	wg.Wait()
 	rep.Elapsed = Dur(time.Since(begin))
 	rep.CPUCores = float64(machine.CPUTime()-cpu0) / float64(rep.Elapsed)
 	cancel()
 	<-progressDone
+}
 
-	// Totals.
-	rep.ServerLatency = env.rpcLatencySince(lat0)
+// sumWorkers adds up what the workers measured: IDs, latency, errors,
+// bursts and the rates.
+func (rep *Report) sumWorkers(cfg Config, workers []*worker) {
 	var lat, late, bh, bd hdr.Histogram
+	var inWindow int64
 	for _, w := range workers {
 		rep.IDs += w.minted.Load()
+		inWindow += w.window
 		lat.Merge(&w.hist)
 		late.Merge(&w.late)
 		rep.SlowCalls += w.slow
@@ -577,26 +620,29 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 	if cfg.NoBurst {
 		rep.Burst.Size = 0
 	}
-	el := time.Duration(rep.Elapsed).Seconds()
-	var inWindow int64
-	for _, w := range workers {
-		inWindow += w.window
-	}
 	rep.AchievedRate = float64(inWindow) / cfg.Duration.Seconds()
-	rep.TotalRate = float64(rep.IDs) / el
+	rep.TotalRate = float64(rep.IDs) / time.Duration(rep.Elapsed).Seconds()
 	rep.TargetReached = rep.AchievedRate >= 0.99*cfg.Rate
 	rep.ScheduleKept = float64(rep.IDs-rep.BurstIDs) / (cfg.Rate * cfg.Duration.Seconds())
-	st := fleetStats(workers)
-	rep.Refills = st.Refills - stats0.Refills
-	rep.RefillErrors = st.RefillErrors - stats0.RefillErrors
-	rep.Backpressure = st.Backpressure - stats0.Backpressure
-	rep.Stalls = st.Stalls - stats0.Stalls
-	rep.Store = env.counts().Sub(counts0)
-	rep.EtcdWrites = rep.Store.Writes()
-	rep.EtcdWritesPerSec = float64(rep.EtcdWrites) / el
+}
 
-	// Close the clients (frees the CPU, gives the leases back), then check.
-	closeClients(workers, cfg.SetupConcurrency)
+// sumFleet records what the clients and the regions counted during the
+// run: refills, stalls, store operations, server-side RPC latency.
+func (rep *Report) sumFleet(cfg Config, env *Env, workers []*worker, base baseline) {
+	rep.ServerLatency = env.rpcLatencySince(base.latency)
+	st := fleetStats(workers)
+	rep.Refills = st.Refills - base.stats.Refills
+	rep.RefillErrors = st.RefillErrors - base.stats.RefillErrors
+	rep.Backpressure = st.Backpressure - base.stats.Backpressure
+	rep.Stalls = st.Stalls - base.stats.Stalls
+	rep.Store = env.counts().Sub(base.counts)
+	rep.EtcdWrites = rep.Store.Writes()
+	rep.EtcdWritesPerSec = float64(rep.EtcdWrites) / time.Duration(rep.Elapsed).Seconds()
+}
+
+// verify checks every ID kept and records the result (verifyErr on any
+// failure).
+func (rep *Report) verify(cfg Config, checker *idcheck.Checker, workers []*worker) {
 	fmt.Fprintf(cfg.Progress, "bench: verifying %d IDs\n", checker.Len())
 	vstart := time.Now()
 	res := checker.Check()
@@ -639,8 +685,6 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 	}
 	fmt.Fprintf(cfg.Progress, "bench: verified %d IDs in %v: %d duplicates, %d out of range\n",
 		res.Checked, time.Duration(rep.VerifyTime).Round(time.Millisecond), res.Duplicates, rep.Verify.OutOfRange)
-	runtime.GC()
-	return rep, nil
 }
 
 // startClients builds one rangeclient per worker, SetupConcurrency at a time.

@@ -15,14 +15,24 @@ import (
 	"github.com/idrange/idrange/internal/region/regiontest"
 	"github.com/idrange/idrange/internal/report/reporttest"
 	"github.com/idrange/idrange/internal/rpccount"
+	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/rangeclient"
+	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
 
 // sharedRegion is one in-process region for the package's tests (etcd
 // start-up is the slow part); it lives until the test binary exits.
 var sharedRegion = regiontest.Shared[*region.Region]{What: "region",
-	Start: func(ctx context.Context) (*region.Region, error) { return region.Start(ctx, region.Config{Region: 1}) }}
+	Start: func(ctx context.Context) (*region.Region, error) {
+		return region.Start(ctx, region.Config{Region: 1, NextMinter: nextMinter})
+	}}
+
+// nextMinter serves the Next RPC as rangesvc does: a rangeclient over the
+// region's own store.
+func nextMinter(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error) {
+	return rangeclient.New(ctx, rangeclient.Config{Allocator: a, Region: region, Owner: "rangesvc/next-rpc"})
+}
 
 func TestMain(m *testing.M) { os.Exit(sharedRegion.Main(m)) }
 

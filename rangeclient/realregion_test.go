@@ -7,8 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idrange/idrange/internal/embedetcd"
-	"github.com/idrange/idrange/internal/testenv"
+	"github.com/idrange/idrange/internal/embedetcd/embedetcdtest"
+	"github.com/idrange/idrange/internal/region"
+	"github.com/idrange/idrange/internal/region/regiontest"
 	"github.com/idrange/idrange/rangeclient/rangeclienttest"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -21,15 +22,15 @@ import (
 // etcd's shortest lease with the test raft timings (1.5 election timeouts).
 const realTTL = 3 * time.Second
 
-func realRegion(t *testing.T, replicas int) []*testenv.Replica {
+func realRegion(t *testing.T, replicas int) []*region.Region {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("real region: skipped with -short")
 	}
-	etcd := embedetcd.StartForTest(t)
-	rs := make([]*testenv.Replica, replicas)
+	etcd := embedetcdtest.Start(t)
+	rs := make([]*region.Region, replicas)
 	for i := range rs {
-		rs[i] = testenv.Start(t, testenv.Config{Region: 1, Etcd: etcd, Store: segment.StoreConfig{LeaseTTL: realTTL}})
+		rs[i] = regiontest.Start(t, region.Config{Region: 1, Etcd: etcd, Store: segment.StoreConfig{LeaseTTL: realTTL}})
 	}
 	return rs
 }
@@ -43,7 +44,7 @@ func realClient(t *testing.T, edit func(*Config), targets ...string) *Client {
 // down, reconnecting to the one that comes back.
 func TestRealRegionFailover(t *testing.T) {
 	rs := realRegion(t, 2)
-	c := realClient(t, func(cfg *Config) { cfg.RefillInterval = 200 * time.Millisecond }, rs[0].Addr, rs[1].Addr)
+	c := realClient(t, func(cfg *Config) { cfg.RefillInterval = 200 * time.Millisecond }, rs[0].Addr(), rs[1].Addr())
 	var ids []snowflake.ID
 	mintFor := func(d time.Duration) {
 		t.Helper()
@@ -61,7 +62,9 @@ func TestRealRegionFailover(t *testing.T) {
 	before := c.Stats()
 	rs[0].Kill()
 	mintFor(3 * time.Second) // > a safe interval (2 s) and many 200 ms blocks
-	rs[0].Restart(t)
+	if err := rs[0].Restart(); err != nil {
+		t.Fatal(err)
+	}
 	rs[1].Kill()
 	mintFor(4 * time.Second) // gRPC reconnects to the restarted replica
 	after := c.Stats()
@@ -77,7 +80,7 @@ func TestRealRegionFailover(t *testing.T) {
 // same address and the client recovers by itself, without duplicates.
 func TestRealRegionCase6ServiceDown(t *testing.T) {
 	rs := realRegion(t, 1)
-	c := realClient(t, func(cfg *Config) { cfg.RefillInterval = 5 * time.Second }, rs[0].Addr)
+	c := realClient(t, func(cfg *Config) { cfg.RefillInterval = 5 * time.Second }, rs[0].Addr())
 	var ids []snowflake.ID
 	for range 200 {
 		ids = append(ids, mustNext(t, c))
@@ -115,7 +118,9 @@ func TestRealRegionCase6ServiceDown(t *testing.T) {
 	if !failedClosed {
 		t.Fatal("client never failed closed")
 	}
-	rs[0].Restart(t)
+	if err := rs[0].Restart(); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	for {
@@ -147,7 +152,7 @@ func TestRealRegionCase6ServiceDown(t *testing.T) {
 // resumes: it mints nothing under the old lease, and no ID overlaps.
 func TestRealRegionCase4PausedOwner(t *testing.T) {
 	rs := realRegion(t, 1)
-	connA := rangeclienttest.Wrap(rs[0].Allocator(t))
+	connA := rangeclienttest.Wrap(regiontest.Allocator(t, rs[0]))
 	a, err := New(context.Background(), Config{Allocator: connA, Region: 1, Owner: "A", SafetyMargin: time.Second,
 		RefillInterval: 5 * time.Second})
 	if err != nil {
@@ -158,7 +163,7 @@ func TestRealRegionCase4PausedOwner(t *testing.T) {
 
 	// The store picks codes at random: hold every other code of the region
 	// (on a replica with long leases), so the only code B can get is A's.
-	filler := testenv.Start(t, testenv.Config{Region: 1, Etcd: rs[0].Etcd, Store: segment.StoreConfig{LeaseTTL: time.Minute}})
+	filler := regiontest.Start(t, region.Config{Region: 1, Etcd: rs[0].Etcd(), Store: segment.StoreConfig{LeaseTTL: time.Minute}})
 	ctx := context.Background()
 	var fillers []segment.Lease
 	for {
@@ -183,7 +188,7 @@ func TestRealRegionCase4PausedOwner(t *testing.T) {
 	pausedAt := time.Now()
 	time.Sleep(realTTL + 2*time.Second) // etcd expires the lease (checked every 500 ms)
 
-	b := realClient(t, nil, rs[0].Addr)
+	b := realClient(t, nil, rs[0].Addr())
 	leaseB := b.Lease().Lease
 	if leaseB.Worker != leaseA.Worker || leaseB.Token <= leaseA.Token {
 		t.Fatalf("B leased %+v; want A's code %d with a token above %d", leaseB, leaseA.Worker, leaseA.Token)
@@ -243,15 +248,15 @@ func TestRealSpecCase5Fleet(t *testing.T) {
 		t.Skip("800 clients over in-process etcd: too slow under -race")
 	}
 	const regions, perRegion, perClient = 4, 200, 1000
-	etcd := embedetcd.StartForTest(t)
+	etcd := embedetcdtest.Start(t)
 	msBefore := snowflake.MsSince(time.Now())
 	clients := make([][]*Client, regions)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	errs := make(chan error, regions*perRegion)
 	for r := range regions {
-		rep := testenv.Start(t, testenv.Config{Region: r, Etcd: etcd})
-		alloc := rep.Allocator(t) // one gRPC connection per region, shared by its 200 clients
+		rep := regiontest.Start(t, region.Config{Region: r, Etcd: etcd})
+		alloc := regiontest.Allocator(t, rep) // one gRPC connection per region, shared by its 200 clients
 		clients[r] = make([]*Client, perRegion)
 		for i := range perRegion {
 			wg.Add(1)

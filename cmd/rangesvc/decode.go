@@ -8,6 +8,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 
+	"github.com/idrange/idrange/internal/cli"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -34,7 +35,7 @@ func runDecode(_ context.Context, args []string, stdout, stderr io.Writer) error
 		switch args[0] {
 		case "-h", "--help", "-help":
 			fmt.Fprintln(stderr, decodeUsage)
-			return errHelp
+			return cli.ErrHelp
 		case "--allow-future", "-allow-future":
 			allowFuture = true
 			args = args[1:]
@@ -45,17 +46,17 @@ func runDecode(_ context.Context, args []string, stdout, stderr io.Writer) error
 		break
 	}
 	if len(args) == 0 {
-		return usagef("no IDs given\n%s", decodeUsage)
+		return cli.Usagef("no IDs given\n%s", decodeUsage)
 	}
 	limit := time.Now().Add(futureSlack)
 	ids := make([]snowflake.ID, 0, len(args))
 	for _, a := range args {
 		id, err := snowflake.Parse(a)
 		if err != nil {
-			return usageError{err}
+			return cli.UsageError{Err: err}
 		}
 		if t := id.Time(); !allowFuture && t.After(limit) {
-			return usageError{errors.Wrapf(snowflake.ErrInvalidID,
+			return cli.UsageError{Err: errors.Wrapf(snowflake.ErrInvalidID,
 				"%s has timestamp %s, after this machine's clock: it could not have been minted yet (a different ID format?); use --allow-future to decode anyway",
 				a, t.Format(time.RFC3339))}
 		}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idrange/idrange/internal/cli"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -20,7 +21,7 @@ func TestDecode(t *testing.T) {
 	a, _ := snowflake.Compose(snowflake.MsSince(time.Now()), 3, 200, 4095)
 	b, _ := snowflake.Compose(1, 0, 0, 0)
 	code, out, errs := runCmd("decode", a.String(), b.String())
-	if code != exitOK {
+	if code != cli.ExitOK {
 		t.Fatalf("exit %d, stderr %q", code, errs)
 	}
 	want := a.Parts().Format(a) + "\n" + "id=4194304 time=2026-01-01T00:00:00.001Z region=0 worker=0 seq=0\n"
@@ -47,21 +48,21 @@ func TestDecodeBadInput(t *testing.T) {
 		{[]string{future.String()}, "could not have been minted"},
 	} {
 		code, out, errs := runCmd(append([]string{"decode"}, tc.args...)...)
-		if code != exitUsage || out != "" || !strings.Contains(errs, tc.msg) {
+		if code != cli.ExitUsage || out != "" || !strings.Contains(errs, tc.msg) {
 			t.Errorf("decode %v: exit %d, stdout %q, stderr %q; want exit 2, no output, %q", tc.args, code, out, errs, tc.msg)
 		}
 	}
 	code, out, _ := runCmd("decode", "--allow-future", future.String())
-	if code != exitOK || !strings.Contains(out, "seq=1") {
+	if code != cli.ExitOK || !strings.Contains(out, "seq=1") {
 		t.Fatalf("--allow-future: exit %d out %q", code, out)
 	}
 }
 
 func TestUnknownCommand(t *testing.T) {
-	if code, _, errs := runCmd("frobnicate"); code != exitUsage || !strings.Contains(errs, "unknown command") {
+	if code, _, errs := runCmd("frobnicate"); code != cli.ExitUsage || !strings.Contains(errs, "unknown command") {
 		t.Fatalf("exit %d stderr %q", code, errs)
 	}
-	if code, _, _ := runCmd(); code != exitUsage {
+	if code, _, _ := runCmd(); code != cli.ExitUsage {
 		t.Fatalf("no args: exit %d", code)
 	}
 }

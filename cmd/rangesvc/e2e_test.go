@@ -16,7 +16,9 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
-	"github.com/idrange/idrange/internal/embedetcd"
+	"github.com/idrange/idrange/internal/cli"
+	"github.com/idrange/idrange/internal/embedetcd/embedetcdtest"
+	"github.com/idrange/idrange/internal/region/regiontest"
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/internal/testenv"
 	"github.com/idrange/idrange/internal/wire"
@@ -57,16 +59,17 @@ func checkIDs(t *testing.T, region int, seen map[snowflake.ID]bool, ids []snowfl
 	}
 }
 
-// The real binary: serve on loopback random ports with an embedded etcd in a
-// temp dir; mint through `rangesvc mint` and the wire adapter; scrape
-// /metrics; jump the service clock back 2 s through the test-only hook
-// (NOT_SERVING, grants still above the HWM); kill -9; restart on the same
-// data dir: new blocks start above every earlier one; SIGTERM exits 0.
+// The real binary (its fault build): serve on loopback random ports with an
+// embedded etcd in a temp dir; mint through `rangesvc mint` and the wire
+// adapter; scrape /metrics; jump the service clock back 2 s through the
+// test-only hook (NOT_SERVING, grants still above the HWM); kill -9; restart
+// on the same data dir: new blocks start above every earlier one; SIGTERM
+// exits 0.
 func TestServeEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the rangesvc binary")
 	}
-	testenv.Binary(t) // build first: a cold build must not eat the test's deadline
+	testenv.FaultBinary(t) // build first: a cold build must not eat the test's deadline
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	const region = 1
@@ -84,7 +87,7 @@ func TestServeEndToEnd(t *testing.T) {
 	checkIDs(t, region, seen, p.Mint(t, region, 1000))
 
 	t.Logf("first mint done after %v", time.Since(start))
-	cc := testenv.Dial(t, p.GRPCAddr)
+	cc := regiontest.Dial(t, p.GRPCAddr)
 	a := wire.NewAllocator(cc)
 	hc := healthpb.NewHealthClient(cc)
 	lease, err := a.Acquire(ctx, region, "e2e")
@@ -163,7 +166,7 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Fatalf("process was not killed by SIGKILL: %v", p.ExitErr())
 	}
 	p2 := testenv.StartServe(t, cfg)
-	cc2 := testenv.Dial(t, p2.GRPCAddr)
+	cc2 := regiontest.Dial(t, p2.GRPCAddr)
 	a2 := wire.NewAllocator(cc2)
 	// The etcd lease survived the restart (etcd extends leases on start), so
 	// the same owner continues on the same code: its next block must start
@@ -205,8 +208,8 @@ func TestServeBadFlagsSubprocess(t *testing.T) {
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != exitUsage {
-		t.Fatalf("exit: %v, want status %d", err, exitUsage)
+	if !errors.As(err, &ee) || ee.ExitCode() != cli.ExitUsage {
+		t.Fatalf("exit: %v, want status %d", err, cli.ExitUsage)
 	}
 	if !strings.Contains(stderr.String(), "--region 9 not in 0..3") || stdout.Len() != 0 {
 		t.Fatalf("stdout %q stderr %q", stdout.String(), stderr.String())
@@ -221,16 +224,17 @@ func TestServeTwoReplicasExternalEtcd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the rangesvc binary")
 	}
-	testenv.Binary(t)
-	etcd := embedetcd.StartForTest(t)
+	testenv.Binary(t) // build both first: a cold build must not eat the test's deadline
+	testenv.FaultBinary(t)
+	etcd := embedetcdtest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const region = 3
 	pa := testenv.StartServe(t, testenv.ServeConfig{Region: region, Etcd: etcd.Endpoints()})
 	pb := testenv.StartServe(t, testenv.ServeConfig{Region: region, Etcd: etcd.Endpoints(), Faults: true,
 		Args: []string{"--fault-clock-offset", "-2s"}})
-	aa := wire.NewAllocator(testenv.Dial(t, pa.GRPCAddr))
-	ab := wire.NewAllocator(testenv.Dial(t, pb.GRPCAddr))
+	aa := wire.NewAllocator(regiontest.Dial(t, pa.GRPCAddr))
+	ab := wire.NewAllocator(regiontest.Dial(t, pb.GRPCAddr))
 	lease, err := aa.Acquire(ctx, region, "two replicas")
 	if err != nil {
 		t.Fatal(err)

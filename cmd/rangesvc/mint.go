@@ -10,6 +10,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 
+	"github.com/idrange/idrange/internal/cli"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -27,7 +28,7 @@ type mintConfig struct {
 
 func parseMintFlags(args []string, stderr io.Writer) (mintConfig, error) {
 	var c mintConfig
-	fs := newFlagSet("mint", stderr)
+	fs := cli.NewFlagSet(prog, "mint", stderr)
 	fs.Func("target", "rangesvc gRPC address(es) host:port[,host:port...] (required)", func(s string) error {
 		for _, t := range strings.Split(s, ",") {
 			if t = strings.TrimSpace(t); t != "" {
@@ -43,24 +44,24 @@ func parseMintFlags(args []string, stderr io.Writer) (mintConfig, error) {
 		fmt.Fprintln(fs.Output(), "usage: rangesvc mint --target ADDR[,ADDR...] -n N [--region R]\n\nprints N decimal IDs, one per line")
 		fs.PrintDefaults()
 	}
-	if err := parseFlags(fs, args); err != nil {
+	if err := cli.ParseFlags(fs, args); err != nil {
 		return c, err
 	}
 	switch {
 	case fs.NArg() > 0:
-		return c, usagef("unexpected arguments %q", fs.Args())
+		return c, cli.Usagef("unexpected arguments %q", fs.Args())
 	case len(c.Targets) == 0:
-		return c, usagef("--target is required")
+		return c, cli.Usagef("--target is required")
 	case c.N < 1 || c.N > maxMint:
-		return c, usagef("-n %d not in 1..%d", c.N, maxMint)
+		return c, cli.Usagef("-n %d not in 1..%d", c.N, maxMint)
 	case c.Region < 0 || c.Region > snowflake.MaxRegion:
-		return c, usagef("--region %d not in 0..%d", c.Region, snowflake.MaxRegion)
+		return c, cli.Usagef("--region %d not in 0..%d", c.Region, snowflake.MaxRegion)
 	case c.Timeout <= 0:
-		return c, usagef("--timeout %v must be positive", c.Timeout)
+		return c, cli.Usagef("--timeout %v must be positive", c.Timeout)
 	}
 	for _, t := range c.Targets {
 		if err := checkEndpoint(t); err != nil {
-			return c, usagef("--target %v", err)
+			return c, cli.Usagef("--target %v", err)
 		}
 	}
 	return c, nil

@@ -6,12 +6,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"os/signal"
 	"strings"
-	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -21,10 +17,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-	"google.golang.org/grpc"
 
 	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/embedetcd"
+	"github.com/idrange/idrange/internal/region"
 	"github.com/idrange/idrange/internal/service"
 )
 
@@ -37,106 +33,98 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}
 	lvl, _ := parseLogLevel(cfg.LogLevel)
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+	clk, stopFaults := cfg.Faults.serviceClock(log)
+	defer stopFaults()
 
-	clk := &clock.Offset{}
-	if cfg.faults {
-		log.Warn("TEST-ONLY fault injection enabled", "env", faultsEnv, "clock_offset", cfg.FaultClockOffset,
-			"clock_file", cfg.FaultClockFile)
-		clk.Set(cfg.FaultClockOffset)
-		if cfg.FaultClockFile != "" {
-			stop := watchFaultClockFile(cfg.FaultClockFile, clk, log)
-			defer stop()
-		}
+	etcd, err := openEtcd(ctx, cfg, log)
+	if err != nil {
+		return err
 	}
-
-	// etcd: embedded in the data dir, or the external cluster.
-	var (
-		cli *clientv3.Client
-		emb *embedetcd.Server
-	)
-	if len(cfg.Etcd) == 0 {
-		log.Info("starting embedded etcd", "data_dir", cfg.DataDir, "client_url", cfg.EtcdClientURL)
-		elog, quiet, err := etcdLogger()
-		if err != nil {
-			return err
-		}
-		emb, err = embedetcd.Start(ctx, embedetcd.Config{
-			Dir:       cfg.DataDir,
-			ClientURL: cfg.EtcdClientURL,
-			PeerURL:   cfg.EtcdPeerURL,
-			Logger:    elog,
-		})
-		if err != nil {
-			return errors.Wrap(err, "embedded etcd")
-		}
-		defer func() {
-			quiet() // etcd logs its own orderly close as errors
-			emb.Stop()
-		}()
-		cli, err = emb.NewClient(nil)
-		if err != nil {
-			return err
-		}
-		log.Info("embedded etcd ready", "endpoints", strings.Join(emb.Endpoints(), ","))
-	} else {
-		cli, err = clientv3.New(clientv3.Config{
-			Endpoints:   cfg.Etcd,
-			DialTimeout: cfg.EtcdTimeout,
-			Logger:      zap.NewNop(),
-		})
-		if err != nil {
-			return errors.Wrapf(err, "etcd client for %v", cfg.Etcd)
-		}
-	}
-	defer cli.Close()
-	if err := probeEtcd(ctx, cli, cfg); err != nil {
-		return errors.Wrapf(err, "etcd at %v not reachable", endpointsOf(cli))
-	}
+	defer etcd.Close()
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	metrics, err := service.NewMetrics(reg, clk)
+	rep, err := region.NewReplica(cfg.replicaConfig(etcd.cli, clk, reg, log))
 	if err != nil {
 		return err
 	}
-	st, err := openStore(cli, cfg, clk, log, metrics)
+	gl, ml, err := listen(cfg)
 	if err != nil {
-		return errors.Wrap(err, "segment store")
+		return err
 	}
-	region := cfg.Region
-	svc, err := service.New(service.Config{
-		Region:        region,
-		Allocator:     st,
+	hs := metricsServer(reg, rep.Service())
+	errc := make(chan error, 2)
+	grpcErr := rep.Serve(gl)
+	go func() { errc <- <-grpcErr }()
+	go func() {
+		if err := hs.Serve(ml); !errors.Is(err, http.ErrServerClosed) {
+			errc <- errors.Wrap(err, "metrics server")
+		}
+	}()
+	log.Info("listening", "grpc", gl.Addr().String(), "metrics", ml.Addr().String(),
+		"region", cfg.Region, "etcd", strings.Join(etcd.cli.Endpoints(), ","), "embedded", etcd.emb != nil)
+
+	failure := waitForEnd(ctx, errc, etcd.Err(), log)
+
+	// Drain: NOT_SERVING first, stop accepting, let in-flight RPCs finish
+	// (bounded), close the Next minter, then the metrics server, then etcd
+	// (deferred).
+	rep.Stop(cfg.ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+	defer cancel()
+	_ = hs.Shutdown(sctx)
+	log.Info("servers stopped; closing the store", "embedded_etcd", etcd.emb != nil)
+	return failure
+}
+
+// replicaConfig is the replica `rangesvc serve` runs, from its flags.
+func (c serveConfig) replicaConfig(cli *clientv3.Client, clk clock.Clock, reg *prometheus.Registry, log *slog.Logger) region.ReplicaConfig {
+	return region.ReplicaConfig{
+		Region:        c.Region,
+		Etcd:          cli,
+		Prefix:        c.KeyPrefix,
+		Store:         c.storeConfig(),
 		Clock:         clk,
-		MaxBlock:      cfg.MaxBlock,
-		RollbackBound: cfg.RollbackBound,
-		StoreCheck: func(ctx context.Context) error {
-			return probeEtcd(ctx, cli, cfg)
-		},
-		StoreCheckTimeout: cfg.EtcdTimeout,
-		FreeCodes:         func(ctx context.Context) (int, error) { return st.FreeCodes(ctx, region) },
-		Metrics:           metrics,
-		Logger:            log,
-	})
-	if err != nil {
-		return err
+		RollbackBound: c.RollbackBound,
+		EtcdTimeout:   c.EtcdTimeout,
+		Registry:      reg,
+		Next:          nextMinter(serveNextOwner(), log.With("component", "next-minter")),
+		Logger:        log,
 	}
-	minter := newServiceMinter(st, cfg.Region, log)
-	svc.SetMinter(minter)
-	defer minter.Close() // after the gRPC drain: releases the Next lease
+}
 
+// waitForEnd blocks until ctx ends (a signal), a server fails or the
+// embedded etcd fails, and returns the failure (nil for a signal).
+func waitForEnd(ctx context.Context, serverErr <-chan error, etcdErr <-chan error, log *slog.Logger) error {
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "reason", context.Cause(ctx))
+		return nil
+	case err := <-serverErr:
+		log.Error("server failed; shutting down", "err", err)
+		return err
+	case err := <-etcdErr:
+		log.Error("embedded etcd failed; shutting down", "err", err)
+		return errors.Wrap(err, "embedded etcd failed")
+	}
+}
+
+// listen opens the gRPC and the metrics listeners.
+func listen(cfg serveConfig) (grpcLis, metricsLis net.Listener, err error) {
 	gl, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		return errors.Wrapf(err, "--listen %s", cfg.Listen)
+		return nil, nil, errors.Wrapf(err, "--listen %s", cfg.Listen)
 	}
 	ml, err := net.Listen("tcp", cfg.Metrics)
 	if err != nil {
 		gl.Close()
-		return errors.Wrapf(err, "--metrics %s", cfg.Metrics)
+		return nil, nil, errors.Wrapf(err, "--metrics %s", cfg.Metrics)
 	}
-	gs := grpc.NewServer(service.ServerOptions()...)
-	svc.Register(gs)
+	return gl, ml, nil
+}
+
+// metricsServer serves /metrics from reg and /healthz from svc.
+func metricsServer(reg *prometheus.Registry, svc *service.Service) *http.Server {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -146,69 +134,81 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		}
 		io.WriteString(w, "SERVING\n")
 	})
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	return &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+}
 
-	runCtx, cancelRun := context.WithCancel(ctx)
-	defer cancelRun()
-	errc := make(chan error, 2)
-	go func() { errc <- errors.Wrap(gs.Serve(gl), "grpc server") }()
-	go func() {
-		if err := hs.Serve(ml); !errors.Is(err, http.ErrServerClosed) {
-			errc <- errors.Wrap(err, "metrics server")
+// serveEtcd is serve's etcd: the embedded member in the data dir (emb set)
+// or the external cluster, and the client the replica uses.
+type serveEtcd struct {
+	cli   *clientv3.Client
+	emb   *embedetcd.Server
+	quiet func() // silences the embedded etcd's logs before its orderly stop
+}
+
+// openEtcd starts the embedded etcd or connects to the external one, and
+// checks that it answers.
+func openEtcd(ctx context.Context, cfg serveConfig, log *slog.Logger) (_ *serveEtcd, err error) {
+	e := &serveEtcd{}
+	defer func() {
+		if err != nil {
+			e.Close()
 		}
 	}()
-	var runDone sync.WaitGroup
-	runDone.Go(func() { svc.Run(runCtx) })
-	log.Info("listening", "grpc", gl.Addr().String(), "metrics", ml.Addr().String(),
-		"region", cfg.Region, "etcd", strings.Join(endpointsOf(cli), ","), "embedded", emb != nil)
-
-	var etcdErr <-chan error
-	if emb != nil {
-		etcdErr = emb.Err()
+	if len(cfg.Etcd) == 0 {
+		log.Info("starting embedded etcd", "data_dir", cfg.DataDir, "client_url", cfg.EtcdClientURL)
+		elog, quiet, err := etcdLogger()
+		if err != nil {
+			return nil, err
+		}
+		e.quiet = quiet
+		e.emb, err = embedetcd.Start(ctx, embedetcd.Config{
+			Dir:       cfg.DataDir,
+			ClientURL: cfg.EtcdClientURL,
+			PeerURL:   cfg.EtcdPeerURL,
+			Logger:    elog,
+		})
+		if err != nil {
+			return nil, errors.Wrap(err, "embedded etcd")
+		}
+		if e.cli, err = e.emb.NewClient(nil); err != nil {
+			return nil, err
+		}
+		log.Info("embedded etcd ready", "endpoints", strings.Join(e.emb.Endpoints(), ","))
+	} else {
+		e.cli, err = clientv3.New(clientv3.Config{
+			Endpoints:   cfg.Etcd,
+			DialTimeout: cfg.EtcdTimeout,
+			Logger:      zap.NewNop(),
+		})
+		if err != nil {
+			return nil, errors.Wrapf(err, "etcd client for %v", cfg.Etcd)
+		}
 	}
-	var failure error
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down", "reason", context.Cause(ctx))
-	case err := <-errc:
-		failure = err
-		log.Error("server failed; shutting down", "err", err)
-	case err := <-etcdErr:
-		failure = errors.Wrap(err, "embedded etcd failed")
-		log.Error("embedded etcd failed; shutting down", "err", err)
+	if err := region.ProbeEtcd(ctx, e.cli, cfg.KeyPrefix, cfg.EtcdTimeout); err != nil {
+		return nil, errors.Wrapf(err, "etcd at %v not reachable", e.cli.Endpoints())
 	}
-
-	// Drain: NOT_SERVING first, stop accepting, let in-flight RPCs finish
-	// (bounded), then the metrics server, then etcd (deferred).
-	svc.Shutdown()
-	drained := make(chan struct{})
-	go func() { gs.GracefulStop(); close(drained) }()
-	select {
-	case <-drained:
-	case <-time.After(cfg.ShutdownTimeout):
-		log.Warn("graceful stop timed out; closing connections", "timeout", cfg.ShutdownTimeout)
-		gs.Stop()
-		<-drained
-	}
-	cancelRun()
-	runDone.Wait()
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
-	defer cancel()
-	_ = hs.Shutdown(sctx)
-	log.Info("servers stopped; closing the store", "embedded_etcd", emb != nil)
-	return failure
+	return e, nil
 }
 
-// probeEtcd is a cheap linearizable read: it succeeds only while the
-// cluster has a leader and answers.
-func probeEtcd(ctx context.Context, cli *clientv3.Client, cfg serveConfig) error {
-	ctx, cancel := context.WithTimeout(ctx, cfg.EtcdTimeout)
-	defer cancel()
-	_, err := cli.Get(ctx, cfg.KeyPrefix+"probe", clientv3.WithCountOnly())
-	return err
+// Err delivers a fatal error of the embedded etcd (nil channel for an
+// external one).
+func (e *serveEtcd) Err() <-chan error {
+	if e.emb == nil {
+		return nil
+	}
+	return e.emb.Err()
 }
 
-func endpointsOf(cli *clientv3.Client) []string { return cli.Endpoints() }
+// Close closes the client, then stops the embedded etcd.
+func (e *serveEtcd) Close() {
+	if e.cli != nil {
+		e.cli.Close()
+	}
+	if e.emb != nil {
+		e.quiet() // etcd logs its own orderly close as errors
+		e.emb.Stop()
+	}
+}
 
 // etcdLogger is the embedded etcd's logger: JSON on stderr at error level,
 // silenced by quiet() just before an orderly stop.
@@ -242,34 +242,4 @@ func (c quietCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.Che
 		return ce
 	}
 	return c.Core.Check(e, ce)
-}
-
-// watchFaultClockFile (TEST ONLY) re-reads path on every SIGUSR1 and sets
-// the service clock offset to the Go duration it contains.
-func watchFaultClockFile(path string, clk *clock.Offset, log *slog.Logger) (stop func()) {
-	ch := make(chan os.Signal, 1)
-	signal.Notify(ch, syscall.SIGUSR1)
-	done := make(chan struct{})
-	go func() {
-		for {
-			select {
-			case <-done:
-				return
-			case <-ch:
-				b, err := os.ReadFile(path)
-				if err != nil {
-					log.Error("fault clock file", "path", path, "err", err)
-					continue
-				}
-				d, err := time.ParseDuration(strings.TrimSpace(string(b)))
-				if err != nil {
-					log.Error("fault clock file: not a duration", "path", path, "err", err)
-					continue
-				}
-				clk.Set(d)
-				log.Warn("TEST-ONLY fault: service clock offset set", "offset", d)
-			}
-		}
-	}()
-	return func() { signal.Stop(ch); close(done) }
 }

@@ -6,11 +6,11 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/idrange/idrange/internal/cli"
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -27,9 +27,6 @@ const (
 	defaultKeyPrefix     = "/idrange/v1/"
 	defaultShutdown      = 10 * time.Second
 	defaultEtcdTimeout   = 5 * time.Second
-
-	// faultsEnv enables the hidden test-only fault flags when set to "1".
-	faultsEnv = "IDRANGE_FAULTS"
 )
 
 // serveConfig is `rangesvc serve`'s flags, one field per flag. Zero values
@@ -80,19 +77,15 @@ type serveConfig struct {
 	// LogLevel (--log-level debug|info|warn|error, default info).
 	LogLevel string
 
-	// Test-only, registered only when IDRANGE_FAULTS=1:
-	// FaultClockOffset (--fault-clock-offset) shifts the service clock;
-	// FaultClockFile (--fault-clock-file) is re-read on SIGUSR1 and its
-	// content (a Go duration) replaces the offset.
-	faults           bool
-	FaultClockOffset time.Duration
-	FaultClockFile   string
+	// Faults are the test-only fault flags; empty, and no flags, unless
+	// built with -tags idrange_faults (faults_on.go).
+	Faults faultConfig
 }
 
 // parseServeFlags maps args 1:1 onto a validated serveConfig.
 func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
-	c := serveConfig{faults: os.Getenv(faultsEnv) == "1"}
-	fs := newFlagSet("serve", stderr)
+	var c serveConfig
+	fs := cli.NewFlagSet(prog, "serve", stderr)
 	fs.IntVar(&c.Region, "region", -1, "region code 0..3 this replica serves (required)")
 	fs.StringVar(&c.Listen, "listen", defaultListen, "gRPC listen address host:port (port 0: any free port)")
 	fs.StringVar(&c.Metrics, "metrics", defaultMetrics, "HTTP address for /metrics and /healthz")
@@ -121,25 +114,22 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.DurationVar(&c.EtcdTimeout, "etcd-timeout", defaultEtcdTimeout, "timeout for connecting to etcd and health probes")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", defaultShutdown, "graceful shutdown bound")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
-	if c.faults {
-		fs.DurationVar(&c.FaultClockOffset, "fault-clock-offset", 0, "TEST ONLY: shift the service clock")
-		fs.StringVar(&c.FaultClockFile, "fault-clock-file", "", "TEST ONLY: on SIGUSR1 read a clock offset from this file")
-	}
+	c.Faults.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: rangesvc serve --region N [--listen ADDR] [--metrics ADDR] [--data-dir DIR | --etcd EPS] [flags]")
 		fs.PrintDefaults()
 	}
-	if err := parseFlags(fs, args); err != nil {
+	if err := cli.ParseFlags(fs, args); err != nil {
 		return c, err
 	}
 	if fs.NArg() > 0 {
-		return c, usagef("unexpected arguments %q", fs.Args())
+		return c, cli.Usagef("unexpected arguments %q", fs.Args())
 	}
 	if !c.dataDirSet {
 		c.DataDir = defaultDataDir
 	}
 	if err := c.Validate(); err != nil {
-		return c, usageError{err}
+		return c, cli.UsageError{Err: err}
 	}
 	return c, nil
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"strings"
 	"testing"
+
+	"github.com/idrange/idrange/internal/cli"
 )
 
 // Bad flags of serve and mint exit 2 with a message naming the problem,
@@ -36,8 +38,6 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"serve", "--region", "0", "--data-dir", ""}, "--data-dir must not be empty"},
 		{[]string{"serve", "--region", "0", "extra"}, "unexpected arguments"},
 		{[]string{"serve", "--region", "0", "--no-such-flag"}, "flag provided but not defined"},
-		// The fault flags do not exist without IDRANGE_FAULTS=1.
-		{[]string{"serve", "--region", "0", "--fault-clock-offset", "2s"}, "flag provided but not defined"},
 		{[]string{"mint"}, "--target is required"},
 		{[]string{"mint", "--target", "127.0.0.1:1"}, "-n 0 not in"},
 		{[]string{"mint", "--target", "127.0.0.1:1", "-n", "-3"}, "-n -3 not in"},
@@ -50,8 +50,8 @@ func TestBadFlags(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, out, errs := runCmd(tc.args...)
-			if code != exitUsage {
-				t.Fatalf("exit %d, want %d; stderr %q", code, exitUsage, errs)
+			if code != cli.ExitUsage {
+				t.Fatalf("exit %d, want %d; stderr %q", code, cli.ExitUsage, errs)
 			}
 			if out != "" {
 				t.Fatalf("stdout not empty: %q", out)
@@ -78,10 +78,5 @@ func TestServeFlagsDefaults(t *testing.T) {
 	}
 	if len(c.Etcd) != 2 || c.Etcd[1] != "http://10.0.0.2:2379" {
 		t.Fatalf("etcd = %q", c.Etcd)
-	}
-	t.Setenv(faultsEnv, "1")
-	c, err = parseServeFlags([]string{"--region", "0", "--fault-clock-offset", "-2s"}, &strings.Builder{})
-	if err != nil || c.FaultClockOffset != -2e9 {
-		t.Fatalf("fault flag with %s=1: %+v, %v", faultsEnv, c, err)
 	}
 }

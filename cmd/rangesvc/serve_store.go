@@ -6,28 +6,11 @@ import (
 	"log/slog"
 	"os"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/idrange/idrange/internal/clock"
+	"github.com/idrange/idrange/internal/region"
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
-	"github.com/idrange/idrange/segment/etcdstore"
 )
-
-// openStore opens the etcd-backed segment.Store for cfg, feeding the
-// store-only events (HWM races, corrupt values) to m.
-func openStore(cli *clientv3.Client, cfg serveConfig, clk clock.Clock, log *slog.Logger, m *service.Metrics) (*segment.Store, error) {
-	sc := cfg.storeConfig()
-	sc.Now = clk.Now
-	sc.Logger = log.With("component", "segment")
-	sc.Observer = m.StoreObserver()
-	stg, err := etcdstore.New(cli, etcdstore.Config{Prefix: cfg.KeyPrefix, Logger: sc.Logger})
-	if err != nil {
-		return nil, err
-	}
-	return segment.NewStore(stg, sc)
-}
 
 // storeConfig maps the store's flags onto segment.StoreConfig.
 func (c serveConfig) storeConfig() segment.StoreConfig {
@@ -37,17 +20,21 @@ func (c serveConfig) storeConfig() segment.StoreConfig {
 	}
 }
 
-// newServiceMinter is the minter behind the Next RPC (the per-ID
-// baseline): a rangeclient over the replica's own store, opened on the
-// first Next so a replica takes a worker code only if somebody asks.
-func newServiceMinter(a segment.Allocator, region int, log *slog.Logger) *service.LazyMinter {
-	return service.NewLazyMinter(func(ctx context.Context) (service.MinterCloser, error) {
-		host, _ := os.Hostname()
+// nextMinter opens the minter behind the Next RPC (the per-ID baseline): a
+// rangeclient over the replica's own store, holding a lease as owner.
+func nextMinter(owner string, log *slog.Logger) region.NextFunc {
+	return func(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error) {
 		return rangeclient.New(ctx, rangeclient.Config{
 			Allocator: a,
 			Region:    region,
-			Owner:     fmt.Sprintf("rangesvc Next %s/%d", host, os.Getpid()),
-			Logger:    log.With("component", "next-minter"),
+			Owner:     owner,
+			Logger:    log,
 		})
-	})
+	}
+}
+
+// serveNextOwner names serve's Next minter lease after the host and process.
+func serveNextOwner() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("rangesvc Next %s/%d", host, os.Getpid())
 }

@@ -13,7 +13,8 @@
 // on the same address and existing clientv3 clients reconnect by themselves.
 //
 // Logs: etcd is chatty. Config.LogLevel defaults to "error"; tests use a nop
-// logger (StartForTest).
+// logger (package embedetcdtest, which holds the test helpers so that this
+// package does not import testing).
 package embedetcd
 
 import (
@@ -23,7 +24,6 @@ import (
 	"os"
 	"strconv"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -45,10 +45,11 @@ const (
 	DefaultClientURL = "http://127.0.0.1:0"
 	// DefaultPeerURL is the loopback peer URL with a random port.
 	DefaultPeerURL = "http://127.0.0.1:0"
-	// TestTickMs and TestElectionMs are the raft timings StartForTest uses:
-	// generous enough for a shared 2-core machine under -race.
-	TestTickMs     = 200
-	TestElectionMs = 2000
+	// BusyTickMs and BusyElectionMs are generous raft timings for a machine
+	// loaded by other work (tests under -race, benchmarks that use every
+	// core): a missed heartbeat must not trigger an election mid-run.
+	BusyTickMs     = 200
+	BusyElectionMs = 2000
 )
 
 // Errors returned by Start.
@@ -327,48 +328,4 @@ func (s *Server) NewClient(lg *zap.Logger) (*clientv3.Client, error) {
 		return nil, errors.Wrap(err, "embedetcd: new client")
 	}
 	return cli, nil
-}
-
-// StartForTest starts a quiet embedded etcd in t.TempDir() on random
-// loopback ports with test raft timings, and stops it at the end of the test.
-// It fails the test if etcd does not start.
-func StartForTest(t testing.TB) *Server {
-	t.Helper()
-	return StartForTestConfig(t, Config{})
-}
-
-// StartForTestConfig is StartForTest with overrides; zero fields get the test
-// defaults (Dir = t.TempDir(), TestTickMs/TestElectionMs, nop logger).
-func StartForTestConfig(t testing.TB, cfg Config) *Server {
-	t.Helper()
-	if cfg.Dir == "" {
-		cfg.Dir = t.TempDir()
-	}
-	if cfg.TickMs == 0 && cfg.ElectionMs == 0 {
-		cfg.TickMs, cfg.ElectionMs = TestTickMs, TestElectionMs
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = zap.NewNop()
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	s, err := Start(ctx, cfg)
-	if err != nil {
-		t.Fatalf("embedetcd: %v", err)
-	}
-	t.Cleanup(s.Stop)
-	return s
-}
-
-// ClientForTest returns a client for s that is closed at the end of the
-// test. Each call returns a separate client (a separate connection), which
-// is how tests model several service replicas sharing one etcd.
-func (s *Server) ClientForTest(t testing.TB) *clientv3.Client {
-	t.Helper()
-	cli, err := s.NewClient(nil)
-	if err != nil {
-		t.Fatalf("embedetcd: %v", err)
-	}
-	t.Cleanup(func() { _ = cli.Close() })
-	return cli
 }

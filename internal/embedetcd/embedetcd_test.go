@@ -1,4 +1,4 @@
-package embedetcd
+package embedetcd_test
 
 import (
 	"context"
@@ -8,15 +8,20 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/idrange/idrange/internal/embedetcd"
+	"github.com/idrange/idrange/internal/embedetcd/embedetcdtest"
 )
 
 func TestStartPutRestartGet(t *testing.T) {
-	s := StartForTest(t)
+	s := embedetcdtest.Start(t)
 	eps := s.Endpoints()
 	if len(eps) != 1 || strings.HasSuffix(eps[0], ":0") || !strings.HasPrefix(eps[0], "http://127.0.0.1:") {
 		t.Fatalf("endpoints %v: want one bound loopback address", eps)
 	}
-	cli := s.ClientForTest(t)
+	cli := embedetcdtest.Client(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	put, err := cli.Put(ctx, "/k", "v1")
@@ -49,7 +54,7 @@ func TestStartPutRestartGet(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
-	cases := map[string]Config{
+	cases := map[string]embedetcd.Config{
 		"Dir":        {},
 		"ClientURL":  {Dir: "x", ClientURL: "127.0.0.1:2379"},
 		"PeerURL":    {Dir: "x", PeerURL: "https://127.0.0.1:2380"},
@@ -62,7 +67,7 @@ func TestValidate(t *testing.T) {
 			t.Errorf("%s: Validate() = %v, want an error naming %s", want, err, want)
 		}
 	}
-	if err := (Config{Dir: "x"}).Validate(); err != nil {
+	if err := (embedetcd.Config{Dir: "x"}).Validate(); err != nil {
 		t.Errorf("minimal config: %v", err)
 	}
 }
@@ -70,15 +75,15 @@ func TestValidate(t *testing.T) {
 // TestSecondMemberOnSameDirFailsFast: without the data dir lock etcd's
 // backend would wait forever for the first member's file lock.
 func TestSecondMemberOnSameDirFailsFast(t *testing.T) {
-	s := StartForTest(t)
+	s := embedetcdtest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := Start(ctx, Config{Dir: s.Dir(), Logger: s.cfg.Logger}); !errors.Is(err, ErrDirInUse) {
+	if _, err := embedetcd.Start(ctx, embedetcd.Config{Dir: s.Dir(), Logger: zap.NewNop()}); !errors.Is(err, embedetcd.ErrDirInUse) {
 		t.Fatalf("second member on %s: %v, want ErrDirInUse", s.Dir(), err)
 	}
 	// After a Stop the directory is free again.
 	s.Stop()
-	s2, err := Start(ctx, Config{Dir: s.Dir(), Logger: s.cfg.Logger, TickMs: TestTickMs, ElectionMs: TestElectionMs})
+	s2, err := embedetcd.Start(ctx, embedetcd.Config{Dir: s.Dir(), Logger: zap.NewNop(), TickMs: embedetcd.BusyTickMs, ElectionMs: embedetcd.BusyElectionMs})
 	if err != nil {
 		t.Fatalf("member after Stop: %v", err)
 	}
@@ -90,7 +95,7 @@ func TestStartOnAFileFails(t *testing.T) {
 	if err := os.WriteFile(f, []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Start(context.Background(), Config{Dir: f}); err == nil || !strings.Contains(err.Error(), f) {
+	if _, err := embedetcd.Start(context.Background(), embedetcd.Config{Dir: f}); err == nil || !strings.Contains(err.Error(), f) {
 		t.Fatalf("Start on a regular file: %v, want an error naming it", err)
 	}
 }

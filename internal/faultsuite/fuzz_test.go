@@ -15,7 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
-	"github.com/idrange/idrange/internal/embedetcd"
+	"github.com/idrange/idrange/internal/embedetcd/embedetcdtest"
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/segment"
@@ -246,8 +246,8 @@ func FuzzStoreCorruptValues(f *testing.F) {
 		f.Add([]byte(s), true)
 	}
 	f.Add([]byte(`{"v":1,"region":1,"worker":0,"lease_id":1,"owner":"x","acquired_unix_ms":1}`), true)
-	srv := embedetcd.StartForTest(f)
-	cli := srv.ClientForTest(f)
+	srv := embedetcdtest.Start(f)
+	cli := embedetcdtest.Client(f, srv)
 	stg, err := etcdstore.New(cli, etcdstore.Config{})
 	if err != nil {
 		f.Fatal(err)

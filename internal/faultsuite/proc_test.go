@@ -21,8 +21,10 @@ import (
 
 const sigUSR1 = syscall.SIGUSR1
 
-// Packages of the helper binaries, built once per test process.
+// Packages of the helper binaries, built once per test process, with
+// faultsTag so that rangesvc serve has its test-only fault flags.
 const (
+	faultsTag     = "idrange_faults"
 	pkgRangesvc   = "github.com/idrange/idrange/cmd/rangesvc"
 	pkgEtcdMember = "github.com/idrange/idrange/internal/faultsuite/cmd/etcdmember"
 	pkgMinter     = "github.com/idrange/idrange/internal/faultsuite/cmd/minter"
@@ -61,7 +63,7 @@ func bins(t *testing.T) binaries {
 		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 		defer cancel()
 		start := time.Now()
-		cmd := exec.CommandContext(ctx, goTool, "build", "-o", binDir+string(os.PathSeparator), pkgRangesvc, pkgEtcdMember, pkgMinter)
+		cmd := exec.CommandContext(ctx, goTool, "build", "-tags", faultsTag, "-o", binDir+string(os.PathSeparator), pkgRangesvc, pkgEtcdMember, pkgMinter)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		out, err := cmd.CombinedOutput()
 		if err != nil {

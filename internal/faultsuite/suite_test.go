@@ -278,7 +278,7 @@ func (s *suite) addReplica(name string) *replica {
 		"--etcd", strings.Join(eps, ","), "--lease-ttl", s.opt.leaseTTL.String(),
 		"--etcd-timeout", "2s", "--shutdown-timeout", "3s", "--log-level", "info",
 		"--fault-clock-file", r.clockFile}
-	r.p = newProc(s.t, name, s.b.rangesvc, args, []string{"IDRANGE_FAULTS=1"}, s.dir, rangesvcReadyRE)
+	r.p = newProc(s.t, name, s.b.rangesvc, args, nil, s.dir, rangesvcReadyRE)
 	r.p.start()
 	s.replicas = append(s.replicas, r)
 	return r

@@ -1,16 +1,15 @@
-// Package region stands up a complete range-service region inside the
-// process, outside of tests: an embedded etcd (or a shared one), a
-// segment.Store over its own etcd client, an internal/service.Service and a
-// gRPC server on 127.0.0.1:<random port>. `rangesvc compare` and
-// `rangesvc bench` use it so that one command measures the real stack
-// (etcd transactions with fsync, loopback gRPC) without a separate process.
+// Package region stands up idrange range-service replicas. NewReplica is
+// the one construction of a replica (segment.Store over an etcd client,
+// internal/service.Service, gRPC server with the production options) that
+// `rangesvc serve` runs. Start wraps it for in-process use: an embedded
+// etcd (or a shared one), a replica on 127.0.0.1:<random port>, counters of
+// what the store did and server-side RPC latency. `rangesvc compare`,
+// `rangesvc bench` and the tests use Start, so they measure and test the
+// server users run (etcd transactions with fsync, loopback gRPC) without a
+// separate process.
 //
-// It counts what the store does (grants, acquisitions, releases, renewals,
-// HWM races) through the store's Observer, so callers can report etcd
-// writes per ID as a count.
-//
-// internal/testenv is the test-only counterpart (it takes a testing.TB and
-// can restart parts); it could be rebuilt on this package.
+// Test helpers (testing.TB wrappers) are in internal/region/regiontest;
+// this package does not import testing.
 package region
 
 import (
@@ -24,25 +23,17 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
+	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/embedetcd"
 	"github.com/idrange/idrange/internal/hdr"
 	"github.com/idrange/idrange/internal/service"
-	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
-	"github.com/idrange/idrange/segment/etcdstore"
 	"github.com/idrange/idrange/snowflake"
-)
-
-// Raft timings of the embedded etcd StartEtcd starts: generous, because
-// the benchmarks load a 2-core machine fully and a missed heartbeat must not
-// trigger an election mid-run.
-const (
-	TickMs     = 200
-	ElectionMs = 2000
 )
 
 // Etcd is an embedded etcd started by StartEtcd, possibly shared by several
@@ -62,9 +53,11 @@ func (e *Etcd) Close() error {
 	return nil
 }
 
-// StartEtcd starts an embedded single-node etcd on random loopback ports.
-// An empty dir means a fresh temporary directory, removed by Close. fsync
-// stays on: grant latency includes the disk, as it would in production.
+// StartEtcd starts an embedded single-node etcd on random loopback ports
+// with embedetcd's busy-machine raft timings (the benchmarks load every
+// core). An empty dir means a fresh temporary directory, removed by Close.
+// fsync stays on: grant latency includes the disk, as it would in
+// production.
 func StartEtcd(ctx context.Context, dir string) (*Etcd, error) {
 	e := &Etcd{}
 	if dir == "" {
@@ -76,8 +69,8 @@ func StartEtcd(ctx context.Context, dir string) (*Etcd, error) {
 	}
 	srv, err := embedetcd.Start(ctx, embedetcd.Config{
 		Dir:        dir,
-		TickMs:     TickMs,
-		ElectionMs: ElectionMs,
+		TickMs:     embedetcd.BusyTickMs,
+		ElectionMs: embedetcd.BusyElectionMs,
 		Logger:     zap.NewNop(),
 	})
 	if err != nil {
@@ -90,16 +83,22 @@ func StartEtcd(ctx context.Context, dir string) (*Etcd, error) {
 	return e, nil
 }
 
-// Config configures one region.
+// Config configures one in-process region replica.
 type Config struct {
 	// Region is the region code (0..3).
 	Region int
-	// Etcd is the store to use. nil starts a private one (StartEtcd with a
-	// temporary directory) that Close stops.
-	Etcd *Etcd
-	// Store tunes the segment.Store (lease TTL, policy, prefix); its
-	// Observer is set by Start.
+	// Etcd is the store to use; share one between replicas (and regions)
+	// to model several replicas on one etcd. nil starts a private one
+	// (StartEtcd with a temporary directory) that Close stops.
+	Etcd *embedetcd.Server
+	// Store tunes the segment.Store (lease TTL, policy, prefix).
 	Store segment.StoreConfig
+	// Clock is the service clock; pass a *clock.Offset to move it. Default
+	// clock.System{}.
+	Clock clock.Clock
+	// NextMinter opens the minter EnableNext installs behind the Next RPC
+	// (a rangeclient.New over the given allocator). nil: EnableNext fails.
+	NextMinter NextFunc
 	// Logger receives store and service logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -120,6 +119,16 @@ type Counts struct {
 
 // Writes is the number of etcd writes: grants + acquisitions + releases.
 func (c Counts) Writes() uint64 { return c.Grants + c.Acquires + c.Releases }
+
+// Add is c + o per field.
+func (c Counts) Add(o Counts) Counts {
+	return Counts{
+		Grants: c.Grants + o.Grants, GrantedUnits: c.GrantedUnits + o.GrantedUnits,
+		GrantErrors: c.GrantErrors + o.GrantErrors, Conflicts: c.Conflicts + o.Conflicts,
+		Acquires: c.Acquires + o.Acquires, Releases: c.Releases + o.Releases,
+		Renewals: c.Renewals + o.Renewals, RenewErrors: c.RenewErrors + o.RenewErrors,
+	}
+}
 
 // Sub is c - o per field.
 func (c Counts) Sub(o Counts) Counts {
@@ -156,30 +165,29 @@ func (c *counter) Renewed(_, _ int, err error) {
 	}
 }
 
-// Region is one running region.
+// Region is one in-process replica of a region, listening on loopback. It
+// can be killed and restarted on the same address, etcd, etcd client and
+// clock, as a restarted process would be.
 type Region struct {
 	cfg     Config
-	etcd    *Etcd
-	ownEtcd bool
+	etcd    *embedetcd.Server
+	ownEtcd *Etcd
 	cli     *clientv3.Client
-	store   *segment.Store
-	svc     *service.Service
-	srv     *grpc.Server
-	lis     net.Listener
+	addr    string
 	count   *counter
-	cancel  context.CancelFunc
-	done    chan struct{}
 
 	latMu sync.Mutex
 	lat   map[string]*hdr.Histogram // server-side latency per RPC method
 
 	mu        sync.Mutex
-	minter    *rangeclient.Client
+	rep       *Replica // nil while stopped
+	last      *Replica // the current or last replica (accessors)
+	minter    service.MinterCloser
 	closeOnce sync.Once
 	closeErr  error
 }
 
-// Start stands up the region and returns once its gRPC server listens.
+// Start stands up the replica and returns once its gRPC server listens.
 func Start(ctx context.Context, cfg Config) (*Region, error) {
 	if cfg.Region < 0 || cfg.Region > snowflake.MaxRegion {
 		return nil, errors.Newf("region: Config.Region %d not in 0..%d", cfg.Region, snowflake.MaxRegion)
@@ -187,7 +195,7 @@ func Start(ctx context.Context, cfg Config) (*Region, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	r := &Region{cfg: cfg, etcd: cfg.Etcd, count: &counter{}, done: make(chan struct{}), lat: map[string]*hdr.Histogram{}}
+	r := &Region{cfg: cfg, etcd: cfg.Etcd, count: &counter{}, lat: map[string]*hdr.Histogram{}}
 	ok := false
 	defer func() {
 		if !ok {
@@ -199,47 +207,43 @@ func Start(ctx context.Context, cfg Config) (*Region, error) {
 		if err != nil {
 			return nil, err
 		}
-		r.etcd, r.ownEtcd = e, true
+		r.ownEtcd, r.etcd = e, e.Server
 	}
 	cli, err := r.etcd.NewClient(nil)
 	if err != nil {
 		return nil, err
 	}
 	r.cli = cli
-	sc := cfg.Store
-	sc.Observer = r.count
-	sc.Logger = cfg.Logger
-	stg, err := etcdstore.New(cli, etcdstore.Config{Logger: cfg.Logger})
-	if err != nil {
-		return nil, errors.Wrap(err, "region: etcd storage")
+	if err := r.start("127.0.0.1:0"); err != nil {
+		return nil, err
 	}
-	r.store, err = segment.NewStore(stg, sc)
-	if err != nil {
-		return nil, errors.Wrap(err, "region: segment store")
-	}
-	regionCode := cfg.Region
-	r.svc, err = service.New(service.Config{
-		Region:    regionCode,
-		Allocator: r.store,
-		MaxBlock:  int(r.store.Policy().MaxBlock),
-		FreeCodes: func(ctx context.Context) (int, error) { return r.store.FreeCodes(ctx, regionCode) },
-		Logger:    cfg.Logger,
-	})
-	if err != nil {
-		return nil, errors.Wrap(err, "region: service")
-	}
-	r.lis, err = net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, errors.Wrap(err, "region: listen")
-	}
-	r.srv = grpc.NewServer(grpc.ChainUnaryInterceptor(r.timeRPC))
-	r.svc.Register(r.srv)
-	rctx, cancel := context.WithCancel(context.Background())
-	r.cancel = cancel
-	go r.srv.Serve(r.lis)
-	go func() { r.svc.Run(rctx); close(r.done) }()
 	ok = true
 	return r, nil
+}
+
+// start builds a fresh replica and serves it on addr.
+func (r *Region) start(addr string) error {
+	rep, err := NewReplica(ReplicaConfig{
+		Region:       r.cfg.Region,
+		Etcd:         r.cli,
+		Store:        r.cfg.Store,
+		Clock:        r.cfg.Clock,
+		Observer:     r.count,
+		Interceptors: []grpc.UnaryServerInterceptor{r.timeRPC},
+		Logger:       r.cfg.Logger,
+	})
+	if err != nil {
+		return errors.Wrap(err, "region")
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return errors.Wrapf(err, "region: listen %s", addr)
+	}
+	rep.Serve(lis)
+	r.mu.Lock()
+	r.rep, r.last, r.addr = rep, rep, lis.Addr().String()
+	r.mu.Unlock()
+	return nil
 }
 
 // timeRPC records each RPC's server-side latency (decode to reply, store
@@ -280,19 +284,36 @@ func (r *Region) RPCLatency() map[string]*hdr.Histogram {
 // RegionID is the region code.
 func (r *Region) RegionID() int { return r.cfg.Region }
 
-// Addr is the gRPC address, 127.0.0.1:port.
-func (r *Region) Addr() string { return r.lis.Addr().String() }
+// Addr is the gRPC address, 127.0.0.1:port (stable across Restart).
+func (r *Region) Addr() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.addr
+}
 
-// Store is the region's segment.Store (an in-process Allocator).
-func (r *Region) Store() *segment.Store { return r.store }
+func (r *Region) replica() *Replica {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last
+}
 
-// Service is the region's gRPC service.
-func (r *Region) Service() *service.Service { return r.svc }
+// Store is the replica's segment.Store (a new one after Restart).
+func (r *Region) Store() *segment.Store { return r.replica().Store() }
+
+// Service is the replica's gRPC service (a new one after Restart).
+func (r *Region) Service() *service.Service { return r.replica().Service() }
+
+// Registry holds the replica's metrics (a new registry after Restart).
+func (r *Region) Registry() *prometheus.Registry { return r.replica().Registry() }
 
 // Etcd is the etcd the region uses.
-func (r *Region) Etcd() *Etcd { return r.etcd }
+func (r *Region) Etcd() *embedetcd.Server { return r.etcd }
 
-// Counts reads the store's operation counters.
+// Client is the replica's own etcd client (one connection per replica,
+// kept across Restart).
+func (r *Region) Client() *clientv3.Client { return r.cli }
+
+// Counts reads the store's operation counters (summed across Restart).
 func (r *Region) Counts() Counts {
 	c := r.count
 	return Counts{
@@ -305,77 +326,92 @@ func (r *Region) Counts() Counts {
 // EtcdWrites is Counts().Writes().
 func (r *Region) EtcdWrites() uint64 { return r.Counts().Writes() }
 
-// EnableNext installs a rangeclient over the in-process store behind the
-// service's Next RPC (the per-ID baseline) until stop is called. It is not
-// on by default so that its background refills are not charged to other
-// measurements.
+// EnableNext opens a minter with Config.NextMinter now (so a measurement of
+// Next does not pay for its lease) and serves the Next RPC with it until
+// stop is called or the replica stops. It is not on by default so that its
+// background refills are not charged to other measurements.
 func (r *Region) EnableNext(ctx context.Context) (stop func() error, err error) {
+	if r.cfg.NextMinter == nil {
+		return nil, errors.New("region: Config.NextMinter is not set")
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.minter != nil {
+	switch {
+	case r.rep == nil:
+		return nil, errors.New("region: replica is stopped")
+	case r.minter != nil:
 		return nil, errors.New("region: Next is already enabled")
 	}
-	c, err := rangeclient.New(ctx, rangeclient.Config{
-		Allocator: r.store,
-		Region:    r.cfg.Region,
-		Owner:     "rangesvc/next-rpc",
-		Logger:    r.cfg.Logger,
-	})
+	m, err := r.cfg.NextMinter(ctx, r.rep.Store(), r.cfg.Region)
 	if err != nil {
 		return nil, errors.Wrap(err, "region: minter for Next")
 	}
-	r.minter = c
-	r.svc.SetMinter(c)
+	svc := r.rep.Service()
+	r.minter = m
+	svc.SetMinter(m)
 	var once sync.Once
 	return func() error {
-		var err error
 		once.Do(func() {
 			r.mu.Lock()
-			defer r.mu.Unlock()
-			r.svc.SetMinter(nil)
-			err = c.Close()
-			r.minter = nil
+			if r.minter == m {
+				r.minter = nil
+			}
+			r.mu.Unlock()
+			svc.SetMinter(nil)
+			err = m.Close()
 		})
 		return err
 	}, nil
 }
 
-// Close stops the gRPC server, the service, the Next minter and, if the
-// region started it, etcd.
+// Stop drains the gRPC server gracefully (in-flight RPCs finish). The
+// etcd client stays open; etcd keeps running. Restart brings it back.
+func (r *Region) Stop() { r.stop(DefaultDrainTimeout) }
+
+// Kill closes the gRPC server at once (in-flight RPCs fail), as a crash of
+// the replica would. Killing a stopped replica is a no-op.
+func (r *Region) Kill() { r.stop(0) }
+
+// DefaultDrainTimeout bounds Stop's graceful drain.
+const DefaultDrainTimeout = 10 * time.Second
+
+func (r *Region) stop(grace time.Duration) error {
+	r.mu.Lock()
+	rep, m := r.rep, r.minter
+	r.rep, r.minter = nil, nil
+	r.mu.Unlock()
+	if rep == nil {
+		return nil
+	}
+	rep.Stop(grace)
+	if m != nil {
+		return m.Close() // Next's own lease, given back as serve's is
+	}
+	return nil
+}
+
+// Restart stops the replica (if running) and starts a fresh Store and
+// Service on the same address, etcd client and clock: what a restarted
+// process would have, minus the process.
+func (r *Region) Restart() error {
+	r.Kill()
+	return r.start(r.Addr())
+}
+
+// Close stops the replica, closes its etcd client and, if the region
+// started it, etcd.
 func (r *Region) Close() error {
 	r.closeOnce.Do(func() { r.closeErr = r.teardown() })
 	return r.closeErr
 }
 
 func (r *Region) teardown() error {
-	var errs []error
-	r.mu.Lock()
-	m := r.minter
-	r.minter = nil
-	r.mu.Unlock()
-	if m != nil {
-		errs = append(errs, m.Close())
-	}
-	if r.svc != nil {
-		r.svc.Shutdown()
-	}
-	if r.srv != nil {
-		r.srv.Stop()
-	}
-	if r.cancel != nil {
-		r.cancel()
-		<-r.done
-	}
+	errs := []error{r.stop(0)}
 	if r.cli != nil {
 		errs = append(errs, r.cli.Close())
 	}
-	if r.ownEtcd && r.etcd != nil {
-		errs = append(errs, r.etcd.Close())
+	if r.ownEtcd != nil {
+		errs = append(errs, r.ownEtcd.Close())
 	}
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return errors.Join(errs...)
 }

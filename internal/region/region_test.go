@@ -10,8 +10,17 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
+	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/internal/wire"
+	"github.com/idrange/idrange/rangeclient"
+	"github.com/idrange/idrange/segment"
 )
+
+// rangeclientMinter is the Next minter rangesvc serve uses: a rangeclient
+// over the replica's own store.
+func rangeclientMinter(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error) {
+	return rangeclient.New(ctx, rangeclient.Config{Allocator: a, Region: region, Owner: "rangesvc/next-rpc"})
+}
 
 // A region started outside a test helper serves the gRPC API on loopback,
 // counts the store's writes, serves Next only while enabled, and closes
@@ -19,7 +28,7 @@ import (
 func TestRegionServesAndCounts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	r, err := Start(ctx, Config{Region: 2})
+	r, err := Start(ctx, Config{Region: 2, NextMinter: rangeclientMinter})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,7 @@ type ServeConfig struct {
 	Etcd []string
 	// Listen and Metrics default to 127.0.0.1:0.
 	Listen, Metrics string
-	// Faults sets IDRANGE_FAULTS=1 so the test-only flags
+	// Faults runs the fault build (FaultBinary) so the test-only flags
 	// (--fault-clock-offset, --fault-clock-file) are accepted.
 	Faults bool
 	// Args are extra flags appended to the command line.
@@ -63,6 +63,9 @@ var listeningRE = regexp.MustCompile(`msg=listening grpc=(\S+) metrics=(\S+)`)
 func StartServe(t testing.TB, cfg ServeConfig) *Process {
 	t.Helper()
 	bin := Binary(t)
+	if cfg.Faults {
+		bin = FaultBinary(t)
+	}
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"
 	}
@@ -86,9 +89,6 @@ func StartServe(t testing.TB, cfg ServeConfig) *Process {
 	p := &Process{t: t, DataDir: cfg.DataDir, done: make(chan struct{})}
 	p.Cmd = exec.Command(bin, args...)
 	p.Cmd.Env = os.Environ()
-	if cfg.Faults {
-		p.Cmd.Env = append(p.Cmd.Env, "IDRANGE_FAULTS=1")
-	}
 	pipe, err := p.Cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

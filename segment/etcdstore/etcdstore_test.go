@@ -18,6 +18,7 @@ import (
 
 	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/embedetcd"
+	"github.com/idrange/idrange/internal/embedetcd/embedetcdtest"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/segment/etcdstore"
 	"github.com/idrange/idrange/segment/segmenttest"
@@ -32,12 +33,14 @@ type backend struct {
 }
 
 func openBackend(t *testing.T) segmenttest.Backend {
-	srv := embedetcd.StartForTestConfig(t, embedetcd.Config{UnsafeNoFsync: true})
-	cli := srv.ClientForTest(t)
+	srv := embedetcdtest.StartConfig(t, embedetcd.Config{UnsafeNoFsync: true})
+	cli := embedetcdtest.Client(t, srv)
 	return &backend{srv: srv, cli: cli, stg: newStorage(t, cli)}
 }
 
-func (b *backend) Storage(t testing.TB) segment.Storage { return newStorage(t, b.srv.ClientForTest(t)) }
+func (b *backend) Storage(t testing.TB) segment.Storage {
+	return newStorage(t, embedetcdtest.Client(t, b.srv))
+}
 func (b *backend) Put(t testing.TB, key string, value []byte, lease int64) {
 	t.Helper()
 	var opts []clientv3.OpOption
@@ -100,8 +103,8 @@ var checkDisjoint = segmenttest.CheckDisjoint
 // clock set back 2 s.
 func TestRestartGrantsAboveEarlierBlocks(t *testing.T) {
 	t.Parallel() // each test has its own etcd
-	srv := embedetcd.StartForTest(t)
-	cli := srv.ClientForTest(t)
+	srv := embedetcdtest.Start(t)
+	cli := embedetcdtest.Client(t, srv)
 	st := newStore(t, cli, segment.StoreConfig{LeaseTTL: 30 * time.Second})
 	ctx := testCtx(t)
 	l, err := st.Acquire(ctx, 3, "before-restart")
@@ -131,7 +134,7 @@ func TestRestartGrantsAboveEarlierBlocks(t *testing.T) {
 
 	var off clock.Offset
 	off.Set(-2 * time.Second)
-	fresh := newStore(t, srv.ClientForTest(t), segment.StoreConfig{Now: off.Now})
+	fresh := newStore(t, embedetcdtest.Client(t, srv), segment.StoreConfig{Now: off.Now})
 	for i, s := range []*segment.Store{st, fresh, st} {
 		b, err := s.Allocate(ctx, l, 4096)
 		if err != nil {
@@ -151,8 +154,8 @@ func TestRestartGrantsAboveEarlierBlocks(t *testing.T) {
 // key's deletion, not on a sleep.
 func TestLeaseExpiresForReal(t *testing.T) {
 	t.Parallel() // each test has its own etcd
-	srv := embedetcd.StartForTest(t)
-	cli := srv.ClientForTest(t)
+	srv := embedetcdtest.Start(t)
+	cli := embedetcdtest.Client(t, srv)
 	st := newStore(t, cli, segment.StoreConfig{LeaseTTL: time.Second})
 	ctx := testCtx(t)
 	l, err := st.Acquire(ctx, 2, "expiring")
@@ -254,7 +257,7 @@ func (x *lostResponses) intercept(ctx context.Context, method string, req, reply
 // the next grant must start above what the lost commit wrote.
 func TestUnknownCommitNeverReturnsTheBlock(t *testing.T) {
 	t.Parallel() // each test has its own etcd
-	srv := embedetcd.StartForTestConfig(t, embedetcd.Config{UnsafeNoFsync: true})
+	srv := embedetcdtest.StartConfig(t, embedetcd.Config{UnsafeNoFsync: true})
 	var lost lostResponses
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints: srv.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
@@ -309,8 +312,8 @@ func TestUnknownCommitNeverReturnsTheBlock(t *testing.T) {
 // BenchmarkAllocate measures one grant round trip (a fenced Txn, fsync on)
 // against the embedded etcd. Run: go test -run X -bench Allocate ./segment/etcdstore
 func BenchmarkAllocate(b *testing.B) {
-	srv := embedetcd.StartForTest(b)
-	st := newStore(b, srv.ClientForTest(b), segment.StoreConfig{})
+	srv := embedetcdtest.Start(b)
+	st := newStore(b, embedetcdtest.Client(b, srv), segment.StoreConfig{})
 	ctx := testCtx(b)
 	l, err := st.Acquire(ctx, 0, "bench")
 	if err != nil {
@@ -326,11 +329,11 @@ func BenchmarkAllocate(b *testing.B) {
 // BenchmarkAllocateTwoReplicas: parallel callers on one code through two
 // Stores, the contended case (conflicts per grant are reported).
 func BenchmarkAllocateTwoReplicas(b *testing.B) {
-	srv := embedetcd.StartForTest(b)
+	srv := embedetcdtest.Start(b)
 	obs := &counter{}
 	stores := []*segment.Store{
-		newStore(b, srv.ClientForTest(b), segment.StoreConfig{Observer: obs}),
-		newStore(b, srv.ClientForTest(b), segment.StoreConfig{Observer: obs}),
+		newStore(b, embedetcdtest.Client(b, srv), segment.StoreConfig{Observer: obs}),
+		newStore(b, embedetcdtest.Client(b, srv), segment.StoreConfig{Observer: obs}),
 	}
 	ctx := testCtx(b)
 	l, err := stores[0].Acquire(ctx, 0, "bench")

@@ -1,7 +1,10 @@
-// Package regiontest shares in-process regions among the tests of one
-// package. Starting embedded etcd is the slow part of such tests, so a
-// package starts its regions once, on the first test that asks, and closes
-// them when its test binary ends:
+// Package regiontest is internal/region for tests: Start stands up an
+// in-process replica that the test's cleanup closes, Dial and Allocator
+// connect to it, and Shared shares regions among the tests of one package.
+//
+// Starting embedded etcd is the slow part of such tests, so a package can
+// start its regions once, on the first test that asks, and close them when
+// its test binary ends:
 //
 //	var regions = regiontest.Shared[*region.Region]{What: "region",
 //		Start: func(ctx context.Context) (*region.Region, error) {
@@ -19,9 +22,48 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/idrange/idrange/internal/region"
+	"github.com/idrange/idrange/internal/wire"
+	"github.com/idrange/idrange/segment"
 )
 
-// StartTimeout bounds Shared.Start.
+// Start stands up an in-process replica (region.Start, the construction
+// rangesvc serve runs) and closes it at the end of the test.
+func Start(t testing.TB, cfg region.Config) *region.Region {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), StartTimeout)
+	defer cancel()
+	r, err := region.Start(ctx, cfg)
+	if err != nil {
+		t.Fatalf("regiontest: start region %d: %v", cfg.Region, err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// Dial connects to addr (insecure, loopback) and closes the connection at
+// the end of the test.
+func Dial(t testing.TB, addr string) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatalf("regiontest: dial %s: %v", addr, err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+// Allocator is the wire adapter over a new connection to r.
+func Allocator(t testing.TB, r *region.Region) segment.Allocator {
+	t.Helper()
+	return wire.NewAllocator(Dial(t, r.Addr()))
+}
+
+// StartTimeout bounds Start and Shared.Start.
 const StartTimeout = 60 * time.Second
 
 // Shared is one resource (a region, a set of regions) shared by a

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/idrange/idrange/compare"
+	"github.com/idrange/idrange/internal/cli"
 )
 
 func TestCompareAndBenchUsage(t *testing.T) {
@@ -23,8 +24,8 @@ func TestCompareAndBenchUsage(t *testing.T) {
 		{"bench", "--sweep", "--sweep-blocks", "4096,zero"},
 	} {
 		code, out, errs := runCmd(args...)
-		if code != exitUsage {
-			t.Errorf("%q: exit %d, want %d (stderr %q)", args, code, exitUsage, errs)
+		if code != cli.ExitUsage {
+			t.Errorf("%q: exit %d, want %d (stderr %q)", args, code, cli.ExitUsage, errs)
 		}
 		if out != "" {
 			t.Errorf("%q: stdout %q, want nothing", args, out)
@@ -36,7 +37,7 @@ func TestCompareAndBenchUsage(t *testing.T) {
 // a second and prints JSON that decodes.
 func TestCompareLocalJSON(t *testing.T) {
 	code, out, errs := runCmd("compare", "--strategies", "local,uuidv7", "--duration", "200ms", "--goroutines", "2", "--format", "json")
-	if code != exitOK {
+	if code != cli.ExitOK {
 		t.Fatalf("exit %d, stderr %s", code, errs)
 	}
 	var rep compare.Report

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idrange/idrange/bench"
+	"github.com/idrange/idrange/internal/cli"
 	"github.com/idrange/idrange/rangeclient"
 )
 
@@ -56,38 +57,38 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	switch {
 	case *regions < 1:
-		return usagef("--regions %d must be at least 1", *regions)
+		return cli.Usagef("--regions %d must be at least 1", *regions)
 	case *workers < 1:
-		return usagef("--workers %d must be at least 1", *workers)
+		return cli.Usagef("--workers %d must be at least 1", *workers)
 	case !(*rate > 0):
-		return usagef("--rate %v must be positive", *rate)
+		return cli.Usagef("--rate %v must be positive", *rate)
 	case *duration <= 0:
-		return usagef("--duration %v must be positive", *duration)
+		return cli.Usagef("--duration %v must be positive", *duration)
 	case *tick <= 0:
-		return usagef("--tick %v must be positive", *tick)
+		return cli.Usagef("--tick %v must be positive", *tick)
 	case *burst < 0:
-		return usagef("--burst %d is negative", *burst)
+		return cli.Usagef("--burst %d is negative", *burst)
 	case *burstEvery <= 0:
-		return usagef("--burst-every %v must be positive", *burstEvery)
+		return cli.Usagef("--burst-every %v must be positive", *burstEvery)
 	case *refill <= 0:
-		return usagef("--refill-interval %v must be positive", *refill)
+		return cli.Usagef("--refill-interval %v must be positive", *refill)
 	case *fixedBlock < 0:
-		return usagef("--block %d is negative", *fixedBlock)
+		return cli.Usagef("--block %d is negative", *fixedBlock)
 	case !(*prefetch > 0 && *prefetch <= 1):
-		return usagef("--prefetch %v not in (0, 1]", *prefetch)
+		return cli.Usagef("--prefetch %v not in (0, 1]", *prefetch)
 	case *setupTimeout <= 0:
-		return usagef("--setup-timeout %v must be positive", *setupTimeout)
+		return cli.Usagef("--setup-timeout %v must be positive", *setupTimeout)
 	case *rpcTimeout <= 0:
-		return usagef("--rpc-timeout %v must be positive", *rpcTimeout)
+		return cli.Usagef("--rpc-timeout %v must be positive", *rpcTimeout)
 	}
 	if *out != "" && !*sweep {
-		return usagef("--out is only used with --sweep")
+		return cli.Usagef("--out is only used with --sweep")
 	}
 	var logger *slog.Logger
 	if *logLevel != "" {
 		var lvl slog.Level
 		if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
-			return usagef("--log %q: want debug, info, warn or error", *logLevel)
+			return cli.Usagef("--log %q: want debug, info, warn or error", *logLevel)
 		}
 		logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
 	}
@@ -115,18 +116,18 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		cfg.BurstSize = 1 // unused; keeps validation simple
 	}
 	if err := cfg.Validate(); err != nil {
-		return usageError{err}
+		return cli.UsageError{Err: err}
 	}
 	if err := cfg.Client.Validate(); err != nil && !isOnlyTargetError(cfg.Client) {
-		return usageError{err}
+		return cli.UsageError{Err: err}
 	}
 	if *sweep {
 		blocks, err := parseInts(*sweepBlocks)
 		if err != nil {
-			return usagef("--sweep-blocks: %v", err)
+			return cli.Usagef("--sweep-blocks: %v", err)
 		}
 		if *fixedBlock != 0 {
-			return usagef("--block and --sweep are exclusive (the sweep sets the block)")
+			return cli.Usagef("--block and --sweep are exclusive (the sweep sets the block)")
 		}
 		start := time.Now()
 		sr, err := bench.Sweep(ctx, cfg, blocks)
@@ -180,7 +181,7 @@ func isOnlyTargetError(c rangeclient.Config) bool {
 
 func parseInts(s string) ([]int, error) {
 	var out []int
-	for _, f := range splitList(s) {
+	for _, f := range cli.SplitList(s) {
 		v, err := strconv.Atoi(f)
 		if err != nil || v < 1 {
 			return nil, fmt.Errorf("%q is not a positive integer", f)

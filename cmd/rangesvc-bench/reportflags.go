@@ -4,6 +4,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+
+	"github.com/idrange/idrange/internal/cli"
 )
 
 // reportFlags is the command line bench and compare share: a usage text
@@ -17,7 +19,7 @@ type reportFlags struct {
 // newReportFlags returns the FlagSet of `rangesvc name` with --format
 // defined; the caller adds its own flags before parse.
 func newReportFlags(name, usage string, stderr io.Writer) reportFlags {
-	fs := newFlagSet(name, stderr)
+	fs := cli.NewFlagSet(prog, name, stderr)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, usage)
 		fs.PrintDefaults()
@@ -28,14 +30,14 @@ func newReportFlags(name, usage string, stderr io.Writer) reportFlags {
 // parse parses args and rejects positional arguments and an unknown
 // --format, as usage errors.
 func (f reportFlags) parse(args []string) error {
-	if err := parseFlags(f.FlagSet, args); err != nil {
+	if err := cli.ParseFlags(f.FlagSet, args); err != nil {
 		return err
 	}
 	if f.NArg() > 0 {
-		return usagef("unexpected arguments %q", f.Args())
+		return cli.Usagef("unexpected arguments %q", f.Args())
 	}
 	if *f.format != "markdown" && *f.format != "json" {
-		return usagef("--format %q: want markdown or json", *f.format)
+		return cli.Usagef("--format %q: want markdown or json", *f.format)
 	}
 	return nil
 }

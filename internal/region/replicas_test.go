@@ -1,4 +1,4 @@
-package testenv
+package region_test
 
 import (
 	"context"
@@ -15,7 +15,9 @@ import (
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/clock"
-	"github.com/idrange/idrange/internal/embedetcd"
+	"github.com/idrange/idrange/internal/embedetcd/embedetcdtest"
+	"github.com/idrange/idrange/internal/region"
+	"github.com/idrange/idrange/internal/region/regiontest"
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
@@ -27,17 +29,18 @@ import (
 // grants still start above the HWM; after a replica restart (new Store, new
 // Service) blocks still start above every earlier one.
 func TestConcurrentGrantsAcrossReplicas(t *testing.T) {
-	etcd := embedetcd.StartForTest(t)
+	etcd := embedetcdtest.Start(t)
 	// Eight callers racing on one HWM key lose many optimistic rounds; the
 	// store's default of 32 lost races per grant is for real traffic (one
 	// owner per code), not for this pile-up.
 	sc := segment.StoreConfig{MaxConflicts: 1000}
-	r0 := Start(t, Config{Region: 2, Etcd: etcd, Store: sc})
-	r1 := Start(t, Config{Region: 2, Etcd: etcd, Store: sc})
+	off := &clock.Offset{} // replica 1's service clock
+	r0 := regiontest.Start(t, region.Config{Region: 2, Etcd: etcd, Store: sc})
+	r1 := regiontest.Start(t, region.Config{Region: 2, Etcd: etcd, Store: sc, Clock: off})
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
 
-	allocs := []segment.Allocator{r0.Allocator(t), r1.Allocator(t)}
+	allocs := []segment.Allocator{regiontest.Allocator(t, r0), regiontest.Allocator(t, r1)}
 	lease, err := allocs[0].Acquire(ctx, 2, "testenv")
 	if err != nil {
 		t.Fatal(err)
@@ -97,7 +100,7 @@ func TestConcurrentGrantsAcrossReplicas(t *testing.T) {
 
 	// Replica 1's clock goes back 2 s: its grants still start above the HWM.
 	before := maxHi()
-	r1.Offset.Add(-2 * time.Second)
+	off.Add(-2 * time.Second)
 	b, err := allocs[1].Allocate(ctx, lease, 4096)
 	if err != nil {
 		t.Fatalf("grant with the clock 2 s back: %v", err)
@@ -109,7 +112,7 @@ func TestConcurrentGrantsAcrossReplicas(t *testing.T) {
 	blocks = append(blocks, b)
 	mu.Unlock()
 	r1.Service().Check(ctx)
-	hc := healthpb.NewHealthClient(r1.Dial(t))
+	hc := healthpb.NewHealthClient(regiontest.Dial(t, r1.Addr()))
 	if st, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || st.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Fatalf("health of the replica with the clock 2 s back: %v, %v; want NOT_SERVING", st, err)
 	}
@@ -117,7 +120,9 @@ func TestConcurrentGrantsAcrossReplicas(t *testing.T) {
 	// Restart replica 0 (fresh Store and Service, same address) and grant
 	// more from both.
 	before = maxHi()
-	r0.Restart(t)
+	if err := r0.Restart(); err != nil {
+		t.Fatal(err)
+	}
 	grantAll("after restart", 5)
 	mu.Lock()
 	for _, b := range blocks[len(blocks)-40:] {
@@ -147,10 +152,10 @@ func TestConcurrentGrantsAcrossReplicas(t *testing.T) {
 // A released (or expired) lease's token is refused through the wire with
 // FailedPrecondition, and errors.Is sees the segment sentinel.
 func TestStaleTokenIsFencedOverGRPC(t *testing.T) {
-	r := Start(t, Config{Region: 0})
+	r := regiontest.Start(t, region.Config{Region: 0})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	a := r.Allocator(t)
+	a := regiontest.Allocator(t, r)
 	l, err := a.Acquire(ctx, 0, "old owner")
 	if err != nil {
 		t.Fatal(err)
@@ -181,12 +186,15 @@ func TestStaleTokenIsFencedOverGRPC(t *testing.T) {
 
 // The Next RPC mints on the replica's own lease through rangeclient.
 func TestNextRPC(t *testing.T) {
-	r := Start(t, Config{Region: 3, Next: func(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error) {
+	r := regiontest.Start(t, region.Config{Region: 3, NextMinter: func(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error) {
 		return rangeclient.New(ctx, rangeclient.Config{Allocator: a, Region: region, Owner: "testenv next"})
 	}})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cli := idrangev1.NewRangeServiceClient(r.Dial(t))
+	if _, err := r.EnableNext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cli := idrangev1.NewRangeServiceClient(regiontest.Dial(t, r.Addr()))
 	seen := map[int64]bool{}
 	var last int64
 	for range 200 {

@@ -11,7 +11,11 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/compare"
+	"github.com/idrange/idrange/internal/cli"
 	"github.com/idrange/idrange/internal/region"
+	"github.com/idrange/idrange/internal/service"
+	"github.com/idrange/idrange/rangeclient"
+	"github.com/idrange/idrange/segment"
 )
 
 const compareUsage = `usage: rangesvc compare [flags]
@@ -43,23 +47,23 @@ func runCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	switch {
 	case *duration <= 0:
-		return usagef("--duration %v must be positive", *duration)
+		return cli.Usagef("--duration %v must be positive", *duration)
 	case *ids < 0:
-		return usagef("--ids %d is negative", *ids)
+		return cli.Usagef("--ids %d is negative", *ids)
 	case *goroutines < 1:
-		return usagef("--goroutines %d must be at least 1", *goroutines)
+		return cli.Usagef("--goroutines %d must be at least 1", *goroutines)
 	case *verifyMax < 1:
-		return usagef("--verify-max %d must be at least 1", *verifyMax)
+		return cli.Usagef("--verify-max %d must be at least 1", *verifyMax)
 	case *seed == 0:
-		return usagef("--seed must not be 0")
+		return cli.Usagef("--seed must not be 0")
 	}
 	bmin, bmax, err := parseBatch(*batch)
 	if err != nil {
-		return usageError{err}
+		return cli.UsageError{Err: err}
 	}
-	strats, err := compare.ByName(splitList(*strategies))
+	strats, err := compare.ByName(cli.SplitList(*strategies))
 	if err != nil {
-		return usageError{err}
+		return cli.UsageError{Err: err}
 	}
 	cfg := compare.Config{
 		Strategies: strats,
@@ -80,12 +84,12 @@ func runCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		cfg.Region = &regionPlaceholder{} // for validation only
 	}
 	if err := cfg.Validate(); err != nil {
-		return usageError{err}
+		return cli.UsageError{Err: err}
 	}
 	if needRegion {
 		fmt.Fprintln(stderr, "compare: starting an in-process region 0 (embedded etcd with fsync, rangesvc on 127.0.0.1)")
 		start := time.Now()
-		r, err := region.Start(ctx, region.Config{Region: 0})
+		r, err := region.Start(ctx, region.Config{Region: 0, NextMinter: nextMinter})
 		if err != nil {
 			return errors.Wrap(err, "start the in-process region")
 		}
@@ -141,12 +145,8 @@ func parseBatch(s string) (int, int, error) {
 	return a, b, nil
 }
 
-func splitList(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
+// nextMinter serves the region's Next RPC as rangesvc serve does: a
+// rangeclient over the region's own store.
+func nextMinter(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error) {
+	return rangeclient.New(ctx, rangeclient.Config{Allocator: a, Region: region, Owner: "rangesvc/next-rpc"})
 }

@@ -1,0 +1,43 @@
+// Command rangesvc-bench holds idrange's measurement commands, apart from
+// the server binary (they link the plotting, UUID and in-process region
+// code the server does not need):
+//
+//	rangesvc-bench compare [flags]
+//	rangesvc-bench bench   [flags]
+//
+// `rangesvc compare` and `rangesvc bench` run this binary when it is
+// installed next to rangesvc or on $PATH.
+//
+// Exit codes: 0 success, 1 runtime failure, 2 bad usage. Errors go to
+// stderr; stdout carries only the command's output.
+package main
+
+import (
+	"context"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/idrange/idrange/internal/cli"
+)
+
+// prog is the name the measurement commands report under: they are the
+// documented `rangesvc compare` and `rangesvc bench`.
+const prog = "rangesvc"
+
+var commands = map[string]cli.Command{
+	"compare": {Summary: "run one workload through each ID strategy and print a table", Run: runCompare},
+	"bench":   {Summary: "fleet load test: regions x workers at a target rate, every ID verified", Run: runBench},
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return cli.Run(ctx, prog, commands, args, stdout, stderr)
+}

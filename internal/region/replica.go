@@ -1,0 +1,266 @@
+package region
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/cockroachdb/errors"
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+
+	"github.com/idrange/idrange/internal/clock"
+	"github.com/idrange/idrange/internal/service"
+	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/segment/etcdstore"
+)
+
+// DefaultEtcdTimeout bounds each etcd health probe of a replica (and
+// rangesvc serve's connection to etcd).
+const DefaultEtcdTimeout = 5 * time.Second
+
+// NextFunc opens the minter behind the Next RPC over the replica's own
+// store; rangesvc serve passes a rangeclient.New. (This package does not
+// import rangeclient, so that rangeclient's own tests can stand up regions.)
+type NextFunc func(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error)
+
+// ReplicaConfig is what one range-service replica is built from. `rangesvc
+// serve` fills it from its flags; Start fills it for in-process regions, so
+// tests and benchmarks run the server users run.
+type ReplicaConfig struct {
+	// Region is the region code (0..3) the replica serves.
+	Region int
+	// Etcd is the replica's etcd client (required); the caller closes it
+	// after Stop.
+	Etcd *clientv3.Client
+	// Prefix is the etcd key prefix of the replica's state. Default
+	// etcdstore.DefaultPrefix.
+	Prefix string
+	// Store tunes the segment.Store (lease TTL, policy); its Now, Logger and
+	// Observer are set by NewReplica.
+	Store segment.StoreConfig
+	// Clock is the service clock of the store, the service and the
+	// metrics. Default clock.System{}.
+	Clock clock.Clock
+	// RollbackBound is service.Config.RollbackBound. Zero: the service's
+	// default.
+	RollbackBound time.Duration
+	// EtcdTimeout bounds each health probe of etcd. Default
+	// DefaultEtcdTimeout.
+	EtcdTimeout time.Duration
+	// Observer, if set, also receives the store's events (besides the
+	// metrics).
+	Observer segment.Observer
+	// Registry receives the service metrics. Default: a fresh registry.
+	Registry *prometheus.Registry
+	// Interceptors run around every unary RPC, after the production server
+	// options (service.ServerOptions).
+	Interceptors []grpc.UnaryServerInterceptor
+	// Next, if set, serves the Next RPC with a minter opened on the first
+	// call (service.LazyMinter) and closed by Stop. nil: Next answers
+	// Unimplemented until Service().SetMinter.
+	Next NextFunc
+	// Logger receives store and service logs. Default: discard.
+	Logger *slog.Logger
+}
+
+// Replica is one range-service replica: a segment.Store over an etcd
+// client, the internal/service.Service over it, and a gRPC server with the
+// production options. NewReplica builds it; Serve and Stop run it.
+type Replica struct {
+	cfg      ReplicaConfig
+	store    *segment.Store
+	svc      *service.Service
+	metrics  *service.Metrics
+	registry *prometheus.Registry
+	srv      *grpc.Server
+	minter   *service.LazyMinter
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// NewReplica builds the store, the service and the gRPC server; nothing
+// listens or runs until Serve.
+func NewReplica(cfg ReplicaConfig) (*Replica, error) {
+	if cfg.Etcd == nil {
+		return nil, errors.New("region: ReplicaConfig.Etcd is required")
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.System{}
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = etcdstore.DefaultPrefix
+	}
+	if cfg.EtcdTimeout == 0 {
+		cfg.EtcdTimeout = DefaultEtcdTimeout
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	r := &Replica{cfg: cfg, registry: cfg.Registry}
+	var err error
+	if r.metrics, err = service.NewMetrics(cfg.Registry, cfg.Clock); err != nil {
+		return nil, err
+	}
+	if r.store, err = openStore(cfg, r.metrics); err != nil {
+		return nil, errors.Wrap(err, "segment store")
+	}
+	if cfg.Next != nil {
+		st, region, open := r.store, cfg.Region, cfg.Next
+		r.minter = service.NewLazyMinter(func(ctx context.Context) (service.MinterCloser, error) {
+			return open(ctx, st, region)
+		})
+	}
+	r.svc, err = service.New(r.serviceConfig())
+	if err != nil {
+		return nil, err
+	}
+	opts := service.ServerOptions()
+	if len(cfg.Interceptors) > 0 {
+		opts = append(opts, grpc.ChainUnaryInterceptor(cfg.Interceptors...))
+	}
+	r.srv = grpc.NewServer(opts...)
+	r.svc.Register(r.srv)
+	return r, nil
+}
+
+// openStore is the one place a replica's segment.Store is constructed.
+func openStore(cfg ReplicaConfig, m *service.Metrics) (*segment.Store, error) {
+	sc := cfg.Store
+	sc.Now = cfg.Clock.Now
+	sc.Logger = cfg.Logger.With("component", "segment")
+	sc.Observer = m.StoreObserver()
+	if cfg.Observer != nil {
+		sc.Observer = teeObserver{sc.Observer, cfg.Observer}
+	}
+	stg, err := etcdstore.New(cfg.Etcd, etcdstore.Config{Prefix: cfg.Prefix, Logger: sc.Logger})
+	if err != nil {
+		return nil, err
+	}
+	return segment.NewStore(stg, sc)
+}
+
+func (r *Replica) serviceConfig() service.Config {
+	cfg, st := r.cfg, r.store
+	sc := service.Config{
+		Region:        cfg.Region,
+		Allocator:     st,
+		Clock:         cfg.Clock,
+		MaxBlock:      int(st.Policy().MaxBlock),
+		RollbackBound: cfg.RollbackBound,
+		StoreCheck: func(ctx context.Context) error {
+			return ProbeEtcd(ctx, cfg.Etcd, cfg.Prefix, cfg.EtcdTimeout)
+		},
+		StoreCheckTimeout: cfg.EtcdTimeout,
+		FreeCodes:         func(ctx context.Context) (int, error) { return st.FreeCodes(ctx, cfg.Region) },
+		Metrics:           r.metrics,
+		Logger:            cfg.Logger,
+	}
+	if r.minter != nil {
+		sc.Minter = r.minter
+	}
+	return sc
+}
+
+// ProbeEtcd is a cheap linearizable read under prefix: it succeeds only
+// while the cluster has a leader and answers within timeout.
+func ProbeEtcd(ctx context.Context, cli *clientv3.Client, prefix string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	_, err := cli.Get(ctx, prefix+"probe", clientv3.WithCountOnly())
+	return err
+}
+
+// Serve serves gRPC on lis and runs the service's background checks until
+// Stop. It returns at once; the channel receives the gRPC server's error
+// if it stops serving for another reason than Stop.
+func (r *Replica) Serve(lis net.Listener) <-chan error {
+	errc := make(chan error, 1)
+	go func() {
+		if err := r.srv.Serve(lis); err != nil {
+			errc <- errors.Wrap(err, "grpc server")
+		}
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel, r.done = cancel, make(chan struct{})
+	go func() { r.svc.Run(ctx); close(r.done) }()
+	return errc
+}
+
+// Stop reports NOT_SERVING, stops accepting RPCs and lets in-flight ones
+// finish for up to grace (grace <= 0 closes them at once, as a crash
+// would), stops the background checks, and closes the Next minter (which
+// gives its lease back). The store and the etcd client stay usable.
+func (r *Replica) Stop(grace time.Duration) {
+	r.svc.Shutdown()
+	if grace <= 0 {
+		r.srv.Stop()
+	} else {
+		drained := make(chan struct{})
+		go func() { r.srv.GracefulStop(); close(drained) }()
+		t := time.NewTimer(grace)
+		select {
+		case <-drained:
+		case <-t.C:
+			r.cfg.Logger.Warn("graceful stop timed out; closing connections", "timeout", grace)
+			r.srv.Stop()
+			<-drained
+		}
+		t.Stop()
+	}
+	if r.cancel != nil {
+		r.cancel()
+		<-r.done
+	}
+	if r.minter != nil {
+		r.minter.Close()
+	}
+}
+
+// Store is the replica's segment.Store.
+func (r *Replica) Store() *segment.Store { return r.store }
+
+// Service is the replica's gRPC service.
+func (r *Replica) Service() *service.Service { return r.svc }
+
+// Registry holds the replica's metrics.
+func (r *Replica) Registry() *prometheus.Registry { return r.registry }
+
+// teeObserver sends every store event to both observers.
+type teeObserver struct{ a, b segment.Observer }
+
+func (t teeObserver) Granted(region, worker int, size int64, d time.Duration) {
+	t.a.Granted(region, worker, size, d)
+	t.b.Granted(region, worker, size, d)
+}
+func (t teeObserver) GrantFailed(region, worker int, err error, d time.Duration) {
+	t.a.GrantFailed(region, worker, err, d)
+	t.b.GrantFailed(region, worker, err, d)
+}
+func (t teeObserver) Conflict(region, worker int) {
+	t.a.Conflict(region, worker)
+	t.b.Conflict(region, worker)
+}
+func (t teeObserver) Acquired(region, worker int) {
+	t.a.Acquired(region, worker)
+	t.b.Acquired(region, worker)
+}
+func (t teeObserver) AcquireFailed(region int, err error) {
+	t.a.AcquireFailed(region, err)
+	t.b.AcquireFailed(region, err)
+}
+func (t teeObserver) Renewed(region, worker int, err error) {
+	t.a.Renewed(region, worker, err)
+	t.b.Renewed(region, worker, err)
+}
+func (t teeObserver) Released(region, worker int, err error) {
+	t.a.Released(region, worker, err)
+	t.b.Released(region, worker, err)
+}
+func (t teeObserver) Corrupt(key string, err error) { t.a.Corrupt(key, err); t.b.Corrupt(key, err) }
