@@ -200,219 +200,300 @@ func Check(hs []*History, cfg Config) (Report, error) {
 	if cfg.MaxExamples <= 0 {
 		cfg.MaxExamples = DefaultMaxExamples
 	}
-	rep := Report{Processes: len(hs), Examples: map[string][]string{}}
-	example := func(kind, format string, args ...any) {
-		if len(rep.Examples[kind]) < cfg.MaxExamples {
-			rep.Examples[kind] = append(rep.Examples[kind], fmt.Sprintf(format, args...))
-		}
+	c := &checker{
+		cfg:       cfg,
+		rep:       Report{Processes: len(hs), Examples: map[string][]string{}},
+		perProc:   make([]map[codeKey][]*leaseInfo, len(hs)),
+		owners:    map[codeKey][]*leaseInfo{},
+		allBlocks: map[codeKey][]*blockInfo{},
 	}
-
-	// Leases per process and code, owners per code, blocks per lease.
-	perProc := make([]map[codeKey][]*leaseInfo, len(hs))
-	owners := map[codeKey][]*leaseInfo{}
-	allBlocks := map[codeKey][]*blockInfo{}
-	var total int64
 	for pi, h := range hs {
-		if h.Region != cfg.Region {
-			return Report{}, errors.Newf("history: %s minted in region %d, the check is for region %d", h.Path, h.Region, cfg.Region)
-		}
-		total += h.IDs()
-		byToken := map[int64]*leaseInfo{}
-		perProc[pi] = map[codeKey][]*leaseInfo{}
-		for _, l := range h.Leases {
-			li := &leaseInfo{Lease: l, proc: h}
-			li.bounds = []boundPt{{ret: l.Ret, bound: l.Send + int64(l.TTL) - int64(h.Margin)}}
-			byToken[l.Token] = li
-			k := codeKey{l.Region, l.Worker}
-			perProc[pi][k] = append(perProc[pi][k], li)
-			owners[k] = append(owners[k], li)
-		}
-		rep.Leases += len(h.Leases)
-		rep.Renewals += len(h.Renewals)
-		rens := append([]Renewal(nil), h.Renewals...)
-		sort.Slice(rens, func(i, j int) bool { return rens[i].Ret < rens[j].Ret })
-		for _, r := range rens {
-			li := byToken[r.Token]
-			if li == nil || r.Ret < li.Ret {
-				continue // a renewal of no lease of ours extends nothing
-			}
-			last := li.bounds[len(li.bounds)-1].bound
-			li.bounds = append(li.bounds, boundPt{ret: r.Ret, bound: max(last, r.Send+int64(r.TTL)-int64(h.Margin))})
-		}
-		for _, b := range h.Blocks {
-			bi := &blockInfo{Block: b, proc: h}
-			rep.Blocks++
-			k := codeKey{b.Region, b.Worker}
-			allBlocks[k] = append(allBlocks[k], bi)
-			if li := byToken[b.Token]; li != nil && li.Region == b.Region && li.Worker == b.Worker {
-				li.blocks = append(li.blocks, bi)
-			}
-		}
-		for _, ls := range perProc[pi] {
-			sort.Slice(ls, func(i, j int) bool { return ls[i].Ret < ls[j].Ret })
-			for _, li := range ls {
-				sort.Slice(li.blocks, func(i, j int) bool { return li.blocks[i].Lo < li.blocks[j].Lo })
-			}
+		if err := c.index(pi, h); err != nil {
+			return Report{}, err
 		}
 	}
-	for _, ls := range owners {
+	c.linkOwners()
+	if err := c.checkIDs(hs); err != nil {
+		return Report{}, err
+	}
+	c.checkBlocks()
+	if cfg.HWM != nil {
+		c.rep.HWMChecked = true
+		c.checkHWM()
+	}
+	return c.rep, nil
+}
+
+// checker is the state of one Check: the histories indexed by process,
+// code and lease, and the report being filled in.
+type checker struct {
+	cfg Config
+	rep Report
+
+	perProc   []map[codeKey][]*leaseInfo // per process: its leases of each code, by Ret
+	owners    map[codeKey][]*leaseInfo   // per code: every process's leases
+	allBlocks map[codeKey][]*blockInfo   // per code: every process's blocks
+	blocks    []*blockInfo               // every block, in history order
+	total     int64                      // IDs in all histories
+}
+
+// example keeps the first Config.MaxExamples problems of each kind.
+func (c *checker) example(kind, format string, args ...any) {
+	if len(c.rep.Examples[kind]) < c.cfg.MaxExamples {
+		c.rep.Examples[kind] = append(c.rep.Examples[kind], fmt.Sprintf(format, args...))
+	}
+}
+
+// index files process pi's leases (with the safety-deadline bounds its
+// acquisition and renewals give) and blocks.
+func (c *checker) index(pi int, h *History) error {
+	if h.Region != c.cfg.Region {
+		return errors.Newf("history: %s minted in region %d, the check is for region %d", h.Path, h.Region, c.cfg.Region)
+	}
+	c.total += h.IDs()
+	byToken := map[int64]*leaseInfo{}
+	c.perProc[pi] = map[codeKey][]*leaseInfo{}
+	for _, l := range h.Leases {
+		li := &leaseInfo{Lease: l, proc: h}
+		li.bounds = []boundPt{{ret: l.Ret, bound: l.Send + int64(l.TTL) - int64(h.Margin)}}
+		byToken[l.Token] = li
+		k := codeKey{l.Region, l.Worker}
+		c.perProc[pi][k] = append(c.perProc[pi][k], li)
+		c.owners[k] = append(c.owners[k], li)
+	}
+	c.rep.Leases += len(h.Leases)
+	c.rep.Renewals += len(h.Renewals)
+	addRenewals(h, byToken)
+	for _, b := range h.Blocks {
+		bi := &blockInfo{Block: b, proc: h}
+		c.rep.Blocks++
+		k := codeKey{b.Region, b.Worker}
+		c.allBlocks[k] = append(c.allBlocks[k], bi)
+		c.blocks = append(c.blocks, bi)
+		if li := byToken[b.Token]; li != nil && li.Region == b.Region && li.Worker == b.Worker {
+			li.blocks = append(li.blocks, bi)
+		}
+	}
+	for _, ls := range c.perProc[pi] {
+		sort.Slice(ls, func(i, j int) bool { return ls[i].Ret < ls[j].Ret })
+		for _, li := range ls {
+			sort.Slice(li.blocks, func(i, j int) bool { return li.blocks[i].Lo < li.blocks[j].Lo })
+		}
+	}
+	return nil
+}
+
+// addRenewals extends the safety-deadline bounds of h's leases with its
+// renewals, in the order their replies returned.
+func addRenewals(h *History, byToken map[int64]*leaseInfo) {
+	rens := append([]Renewal(nil), h.Renewals...)
+	sort.Slice(rens, func(i, j int) bool { return rens[i].Ret < rens[j].Ret })
+	for _, r := range rens {
+		li := byToken[r.Token]
+		if li == nil || r.Ret < li.Ret {
+			continue // a renewal of no lease of ours extends nothing
+		}
+		last := li.bounds[len(li.bounds)-1].bound
+		li.bounds = append(li.bounds, boundPt{ret: r.Ret, bound: max(last, r.Send+int64(r.TTL)-int64(h.Margin))})
+	}
+}
+
+// linkOwners points every lease at the code's next owner (next higher
+// token, any process).
+func (c *checker) linkOwners() {
+	for _, ls := range c.owners {
 		sort.Slice(ls, func(i, j int) bool { return ls[i].Token < ls[j].Token })
 		for i := 0; i+1 < len(ls); i++ {
 			ls[i].next = ls[i+1]
 		}
 	}
+}
 
+// checkIDs checks every ID handed out: unique and in range (idcheck), in
+// order per process and code, and handed out under a lease and block that
+// allowed it.
+func (c *checker) checkIDs(hs []*History) error {
 	ic, err := idcheck.New(idcheck.Config{
-		Expect:      idcheck.Codes([]int{cfg.Region}, snowflake.MaxWorker+1),
-		NotBefore:   cfg.NotBefore,
-		NotAfter:    cfg.NotAfter,
-		MaxExamples: cfg.MaxExamples,
-		Capacity:    int(total),
+		Expect:      idcheck.Codes([]int{c.cfg.Region}, snowflake.MaxWorker+1),
+		NotBefore:   c.cfg.NotBefore,
+		NotAfter:    c.cfg.NotAfter,
+		MaxExamples: c.cfg.MaxExamples,
+		Capacity:    int(c.total),
 	})
 	if err != nil {
-		return Report{}, errors.Wrap(err, "history: id checker")
+		return errors.Wrap(err, "history: id checker")
 	}
-
 	for pi, h := range hs {
 		last := map[codeKey]int64{}
 		for _, m := range h.Mints {
 			ic.AddInt64(m.IDs...)
 			for _, v := range m.IDs {
-				rep.IDs++
+				c.rep.IDs++
 				if v <= 0 {
 					continue // out of range, counted by idcheck
 				}
 				id := snowflake.ID(v)
 				k := codeKey{id.Region(), id.Worker()}
 				if prev, ok := last[k]; ok && v <= prev {
-					rep.OrderViolations++
-					example("order", "%s: %d after %d on %v", h.Name, v, prev, k)
+					c.rep.OrderViolations++
+					c.example("order", "%s: %d after %d on %v", h.Name, v, prev, k)
 				}
 				last[k] = max(last[k], v)
-
-				// Which of this process's leases of the code minted it.
-				ls := perProc[pi][k]
-				n := sort.Search(len(ls), func(i int) bool { return ls[i].Ret > m.T1 })
-				if n == 0 {
-					rep.OutsideBlock++
-					example("block", "%s: %d of %v handed out with no lease of that code held", h.Name, v, k)
-					continue
-				}
-				li, blk := ls[n-1], (*blockInfo)(nil)
-				for i := n - 1; i >= 0 && blk == nil; i-- {
-					if b := ls[i].blockAt(segment.Linear(id), m.T1); b != nil {
-						li, blk = ls[i], b
-					}
-				}
-				if blk == nil {
-					rep.OutsideBlock++
-					example("block", "%s: %d (L=%d) of %v is in no block received under token %d", h.Name, v, segment.Linear(id), k, li.Token)
-				} else {
-					blk.minted++
-					if validLocal := blk.Send + (blk.ValidUntil - blk.ServiceTime); m.T0 >= validLocal {
-						rep.AfterBlockValid++
-						rep.MaxBlockOverrun = max(rep.MaxBlockOverrun, time.Duration(m.T0-validLocal))
-						example("valid", "%s: %d handed out %v after its block [%d,%d) expired",
-							h.Name, v, time.Duration(m.T0-validLocal), blk.Lo, blk.Hi)
-					}
-				}
-				if dl := li.boundAt(m.T1); m.T0 >= dl {
-					rep.AfterDeadline++
-					rep.MaxDeadlineOverrun = max(rep.MaxDeadlineOverrun, time.Duration(m.T0-dl))
-					example("deadline", "%s: %d of %v (token %d) handed out %v after the latest possible safety deadline",
-						h.Name, v, k, li.Token, time.Duration(m.T0-dl))
-				}
-				if nx := li.next; nx != nil && m.T0 >= nx.Ret {
-					rep.AfterNewOwner++
-					example("owner", "%s: %d of %v (token %d) handed out %v after %s acquired it (token %d)",
-						h.Name, v, k, li.Token, time.Duration(m.T0-nx.Ret), nx.proc.Name, nx.Token)
-				}
+				c.checkMinted(h, c.perProc[pi][k], m, id)
 			}
 		}
 	}
-
 	res := ic.Check()
-	rep.Duplicates, rep.OutOfRange = res.Duplicates, res.OutOfRange
-	rep.idErr = res.Err()
+	c.rep.Duplicates, c.rep.OutOfRange = res.Duplicates, res.OutOfRange
+	c.rep.idErr = res.Err()
+	return nil
+}
 
-	// Blocks of one code, from every process, never overlap.
-	for k, bs := range allBlocks {
-		sort.Slice(bs, func(i, j int) bool { return bs[i].Lo < bs[j].Lo })
-		var hi int64 = math.MinInt64
-		var prev *blockInfo
-		for _, b := range bs {
-			if b.Lo < hi {
-				rep.BlockOverlaps++
-				example("overlap", "%v: %s's [%d,%d) overlaps %s's [%d,%d)", k, b.proc.Name, b.Lo, b.Hi, prev.proc.Name, prev.Lo, prev.Hi)
-			}
-			if b.Hi > hi {
-				hi, prev = b.Hi, b
-			}
-			rep.GapPositions += b.Len() - b.minted
-			if b.minted == 0 {
-				rep.UnusedBlocks++
-			}
+// checkMinted checks one ID that h handed out in mint m against ls, h's
+// leases of the ID's code (by Ret): it lies in a block received under one
+// of them, before the block's validity, before the lease's latest possible
+// safety deadline and before the code's next owner acquired it.
+func (c *checker) checkMinted(h *History, ls []*leaseInfo, m Mint, id snowflake.ID) {
+	v, k := int64(id), codeKey{id.Region(), id.Worker()}
+	li, blk, ok := mintedUnder(ls, segment.Linear(id), m.T1)
+	if !ok {
+		c.rep.OutsideBlock++
+		c.example("block", "%s: %d of %v handed out with no lease of that code held", h.Name, v, k)
+		return
+	}
+	if blk == nil {
+		c.rep.OutsideBlock++
+		c.example("block", "%s: %d (L=%d) of %v is in no block received under token %d", h.Name, v, segment.Linear(id), k, li.Token)
+	} else {
+		blk.minted++
+		if validLocal := blk.Send + (blk.ValidUntil - blk.ServiceTime); m.T0 >= validLocal {
+			c.rep.AfterBlockValid++
+			c.rep.MaxBlockOverrun = max(c.rep.MaxBlockOverrun, time.Duration(m.T0-validLocal))
+			c.example("valid", "%s: %d handed out %v after its block [%d,%d) expired",
+				h.Name, v, time.Duration(m.T0-validLocal), blk.Lo, blk.Hi)
 		}
 	}
-
-	if cfg.HWM != nil {
-		rep.HWMChecked = true
-		checkHWM(&rep, cfg, allBlocks, example)
+	if dl := li.boundAt(m.T1); m.T0 >= dl {
+		c.rep.AfterDeadline++
+		c.rep.MaxDeadlineOverrun = max(c.rep.MaxDeadlineOverrun, time.Duration(m.T0-dl))
+		c.example("deadline", "%s: %d of %v (token %d) handed out %v after the latest possible safety deadline",
+			h.Name, v, k, li.Token, time.Duration(m.T0-dl))
 	}
-	return rep, nil
+	if nx := li.next; nx != nil && m.T0 >= nx.Ret {
+		c.rep.AfterNewOwner++
+		c.example("owner", "%s: %d of %v (token %d) handed out %v after %s acquired it (token %d)",
+			h.Name, v, k, li.Token, time.Duration(m.T0-nx.Ret), nx.proc.Name, nx.Token)
+	}
+}
+
+// mintedUnder finds which of a process's leases of a code (ls, by Ret)
+// handed out linear position l by t1: the latest lease acquired by t1 with
+// a block holding l that had arrived by t1, or else the latest lease
+// acquired by t1 and blk nil. ok is false when no lease had been acquired.
+func mintedUnder(ls []*leaseInfo, l, t1 int64) (li *leaseInfo, blk *blockInfo, ok bool) {
+	n := sort.Search(len(ls), func(i int) bool { return ls[i].Ret > t1 })
+	if n == 0 {
+		return nil, nil, false
+	}
+	li = ls[n-1]
+	for i := n - 1; i >= 0 && blk == nil; i-- {
+		if b := ls[i].blockAt(l, t1); b != nil {
+			li, blk = ls[i], b
+		}
+	}
+	return li, blk, true
+}
+
+// checkBlocks checks that blocks of one code, from every process, never
+// overlap, and counts the positions and blocks that were never used.
+func (c *checker) checkBlocks() {
+	spans := make([]Span, len(c.blocks))
+	for i, b := range c.blocks {
+		spans[i] = Span{Region: b.Region, Worker: b.Worker, Lo: b.Lo, Hi: b.Hi}
+	}
+	for _, o := range Overlaps(spans) {
+		a, b := c.blocks[o.Earlier], c.blocks[o.Later]
+		c.rep.BlockOverlaps++
+		c.example("overlap", "%v: %s's [%d,%d) overlaps %s's [%d,%d)",
+			codeKey{b.Region, b.Worker}, b.proc.Name, b.Lo, b.Hi, a.proc.Name, a.Lo, a.Hi)
+	}
+	for _, b := range c.blocks {
+		c.rep.GapPositions += b.Len() - b.minted
+		if b.minted == 0 {
+			c.rep.UnusedBlocks++
+		}
+	}
 }
 
 // checkHWM matches the received blocks against etcd's HWM steps.
-func checkHWM(rep *Report, cfg Config, allBlocks map[codeKey][]*blockInfo, example func(kind, format string, args ...any)) {
+func (c *checker) checkHWM() {
+	first := c.hwmIndex()
 	received := map[codeKey]map[int]bool{}
+	for k, bs := range c.allBlocks {
+		for _, b := range bs {
+			if i, ok := c.hwmStep(k, b, first[k]); ok {
+				if received[k] == nil {
+					received[k] = map[int]bool{}
+				}
+				received[k][i] = true
+			}
+		}
+	}
+	for w, vals := range c.cfg.HWM {
+		k := codeKey{c.cfg.Region, w}
+		var prev int64
+		for i, v := range vals {
+			if v > prev {
+				c.rep.HWMSteps++
+				if !received[k][i] {
+					c.rep.BurnedGrants++
+					c.rep.BurnedPosition += v - prev
+				}
+			}
+			prev = max(prev, v)
+		}
+	}
+}
+
+// hwmIndex counts the decreases of every HWM key and indexes, per code,
+// the first revision at which the key held each value.
+func (c *checker) hwmIndex() map[codeKey]map[int64]int {
 	first := map[codeKey]map[int64]int{}
-	for w, vals := range cfg.HWM {
-		k := codeKey{cfg.Region, w}
+	for w, vals := range c.cfg.HWM {
+		k := codeKey{c.cfg.Region, w}
 		first[k] = map[int64]int{}
-		received[k] = map[int]bool{}
 		for i, v := range vals {
 			if i > 0 && v < vals[i-1] {
-				rep.HWMDecreases++
-				example("hwm", "%v: high-water mark went from %d to %d", k, vals[i-1], v)
+				c.rep.HWMDecreases++
+				c.example("hwm", "%v: high-water mark went from %d to %d", k, vals[i-1], v)
 			}
 			if _, ok := first[k][v]; !ok {
 				first[k][v] = i
 			}
 		}
 	}
-	for k, bs := range allBlocks {
-		for _, b := range bs {
-			i, ok := first[k][b.Hi]
-			if !ok {
-				rep.BlocksNotInEtcd++
-				example("etcd", "%v: %s received [%d,%d) but the HWM key never held %d", k, b.proc.Name, b.Lo, b.Hi, b.Hi)
-				continue
-			}
-			var prev int64
-			if i > 0 {
-				prev = cfg.HWM[k.worker][i-1]
-			}
-			if b.Lo < prev {
-				rep.BlocksNotInEtcd++
-				example("etcd", "%v: %s received [%d,%d) but the HWM was already %d before it reached %d",
-					k, b.proc.Name, b.Lo, b.Hi, prev, b.Hi)
-				continue
-			}
-			received[k][i] = true
-		}
+	return first
+}
+
+// hwmStep returns the index of the HWM step that committed b: the first
+// value equal to b.Hi, with the value before it at or below b.Lo. A block
+// that is no such step is counted in BlocksNotInEtcd.
+func (c *checker) hwmStep(k codeKey, b *blockInfo, first map[int64]int) (int, bool) {
+	i, ok := first[b.Hi]
+	if !ok {
+		c.rep.BlocksNotInEtcd++
+		c.example("etcd", "%v: %s received [%d,%d) but the HWM key never held %d", k, b.proc.Name, b.Lo, b.Hi, b.Hi)
+		return 0, false
 	}
-	for w, vals := range cfg.HWM {
-		k := codeKey{cfg.Region, w}
-		var prev int64
-		for i, v := range vals {
-			if v > prev {
-				rep.HWMSteps++
-				if !received[k][i] {
-					rep.BurnedGrants++
-					rep.BurnedPosition += v - prev
-				}
-			}
-			prev = max(prev, v)
-		}
+	var prev int64
+	if i > 0 {
+		prev = c.cfg.HWM[k.worker][i-1]
 	}
+	if b.Lo < prev {
+		c.rep.BlocksNotInEtcd++
+		c.example("etcd", "%v: %s received [%d,%d) but the HWM was already %d before it reached %d",
+			k, b.proc.Name, b.Lo, b.Hi, prev, b.Hi)
+		return 0, false
+	}
+	return i, true
 }

@@ -56,5 +56,5 @@
 //     counted as burned grants (allowed: an unknown commit is never used).
 //
 // Gaps (positions of received blocks never handed out) are counted, not
-// errors: SPEC allows them.
+// errors: docs/design.md allows them.
 package history
