@@ -19,7 +19,7 @@
 //
 // Burst: one worker (the first of region 0) additionally asks for
 // Config.BurstSize IDs (default 3,000) back to back every BurstEvery; the
-// report says how long each burst took against the 1 ms budget of SPEC.
+// report says how long each burst took against the 1 ms budget of docs/design.md.
 //
 // Verification: every ID is kept (8 bytes each) and checked with
 // internal/idcheck at the end: unique, timestamp inside the run (plus the
@@ -73,7 +73,7 @@ const (
 	// endGrace is how long after the end of the run a Next still waiting
 	// for a block may take before it is cancelled.
 	endGrace = 2 * time.Second
-	// BurstBudget is the time SPEC gives one worker for 3,000 IDs.
+	// BurstBudget is the time docs/design.md gives one worker for 3,000 IDs.
 	BurstBudget = time.Millisecond
 	// flushEvery is how many IDs a worker buffers before handing them to
 	// the checker (one lock per flush, not per ID).

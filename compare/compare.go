@@ -9,7 +9,7 @@
 //     gRPC): blocks of (timestamp, sequence) space prefetched in the
 //     background, an in-memory step per ID;
 //   - per-id-rpc: one Next RPC per ID to the central service, the design
-//     SPEC rejects, measured to show why;
+//     docs/design.md rules out, measured to show why;
 //   - segment-per-call: a naive client that asks the service for a fresh
 //     block (AllocateBlock) for every call of 1–16 IDs;
 //   - uuidv7: github.com/google/uuid NewV7, 128 bits, no coordination.

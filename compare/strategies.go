@@ -282,7 +282,7 @@ func (w bufferedWorker) Mint(ctx context.Context, n int, out *Batch) (err error)
 }
 
 // PerIDRPC calls the service's Next RPC once per ID: the centralised
-// sequence SPEC rejects. The service mints from its own buffered client.
+// sequence docs/design.md rules out. The service mints from its own buffered client.
 func PerIDRPC() Strategy {
 	return NewStrategy(Info{
 		Name: PerIDRPCName, Description: "one Next RPC per ID to the central service",

@@ -96,7 +96,7 @@
 // Uniqueness does not depend on the deadline alone: blocks of one code are
 // disjoint by the high-water mark even if a stale owner kept minting from
 // blocks it holds (a VM paused with its monotonic clock stopped cannot see
-// that time passed). The deadline is the second line, and the one SPEC
+// that time passed). The deadline is the second line, and the one docs/design.md
 // requires: stop without a network call once the lease may be gone.
 //
 // The client reads only Go's monotonic clock (time.Since), and only for

@@ -74,7 +74,7 @@ func TestRealRegionFailover(t *testing.T) {
 	checkUnique(t, ids)
 }
 
-// SPEC case 6 against a real region: the only replica goes away (etcd
+// docs/design.md case 6 against a real region: the only replica goes away (etcd
 // stays): the client mints from its buffers while the safety deadline
 // holds, then fails closed with ErrLeaseLost; the replica restarts on the
 // same address and the client recovers by itself, without duplicates.
@@ -145,7 +145,7 @@ func TestRealRegionCase6ServiceDown(t *testing.T) {
 	checkUnique(t, ids)
 }
 
-// SPEC case 4 against a real region. The old owner A is "paused": its
+// docs/design.md case 4 against a real region. The old owner A is "paused": its
 // requests reach the service but the replies are held, and it mints
 // nothing (its goroutines and timers frozen, its monotonic clock running,
 // as under SIGSTOP). Its etcd lease expires, B takes the same code, then A
@@ -229,15 +229,15 @@ func TestRealRegionCase4PausedOwner(t *testing.T) {
 	checkUnique(t, append(idsA, idsB...))
 }
 
-// SPEC case 5 over etcd: 4 regions x 200 workers, each region its own
+// docs/design.md case 5 over etcd: 4 regions x 200 workers, each region its own
 // service over one shared embedded etcd. Every client mints 1,000 IDs, all
 // at once: all decoded fields in range, region and worker as leased, the
 // timestamp within the test's run (plus the service's lead: a prefetched
 // block may start ahead of time), every ID unique. (The clients read Go's
 // monotonic clock, which a test cannot freeze, so the "whole fleet in one
 // millisecond" form of the case runs on fake time:
-// TestSpecCase5FleetInOneMillisecond.)
-func TestRealSpecCase5Fleet(t *testing.T) {
+// TestDesignCase5FleetInOneMillisecond.)
+func TestRealDesignCase5Fleet(t *testing.T) {
 	if testing.Short() {
 		t.Skip("800 clients over etcd: skipped with -short")
 	}

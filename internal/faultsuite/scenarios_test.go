@@ -149,7 +149,7 @@ func (s *suite) waitAllFailClosed(timeout time.Duration) {
 	}
 }
 
-// checkOutage asserts what SPEC requires of an isolated lease service:
+// checkOutage asserts what docs/design.md requires of an isolated lease service:
 // every client that held a usable lease and block when the fault hit at k
 // went on minting from its buffers, every client failed closed before the
 // repair at q, and minted again after q without being restarted. It fills

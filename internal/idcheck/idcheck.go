@@ -74,7 +74,7 @@ type Config struct {
 	// RequireAll additionally demands that every code in Expect minted at
 	// least one ID (ErrMissingCode otherwise).
 	RequireAll bool
-	// MaxWorker, when > 0, is the largest worker field allowed (SPEC: 200
+	// MaxWorker, when > 0, is the largest worker field allowed (docs/design.md: 200
 	// workers per region, so 199). 0 allows the whole field (0..255).
 	MaxWorker int
 	// NotBefore and NotAfter, when non-zero, bound the timestamp field: an

@@ -49,10 +49,10 @@ import (
 // Defaults for zero Config fields.
 const (
 	// DefaultMaxBlock is the largest count a request may ask for: 10 s of
-	// span at 4,096 IDs/ms (DESIGN: the client sizes blocks as time spans).
+	// span at 4,096 IDs/ms (docs/design.md: the client sizes blocks as time spans).
 	DefaultMaxBlock = int(segment.DefaultMaxBlock)
 	// DefaultRollbackBound is how far the service clock may be behind the
-	// highest time it has seen before the replica reports NOT_SERVING (SPEC:
+	// highest time it has seen before the replica reports NOT_SERVING (docs/design.md:
 	// wait at most 5 ms for a rollback).
 	DefaultRollbackBound = 5 * time.Millisecond
 	// DefaultCheckInterval is how often the clock and the store are checked.

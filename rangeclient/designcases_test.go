@@ -105,7 +105,7 @@ func TestMintsUntilTheSafetyDeadlineOnly(t *testing.T) {
 	}
 }
 
-// SPEC case 4: pause the old owner, let its lease expire, let a new owner
+// docs/design.md case 4: pause the old owner, let its lease expire, let a new owner
 // take the code, resume the old one. "Paused" is a process stopped with
 // requests in flight: its calls take effect but their replies are held, and
 // no Next runs; its monotonic clock keeps running (as under SIGSTOP). On
@@ -113,7 +113,7 @@ func TestMintsUntilTheSafetyDeadlineOnly(t *testing.T) {
 // local deadline while the replies are still held, and the held renewal
 // reply ("renewed") does not revive it because its deadline counts from the
 // time the renewal was sent.
-func TestSpecCase4PausedOwnerIsFenced(t *testing.T) {
+func TestDesignCase4PausedOwnerIsFenced(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		svc := fakeService(3 * time.Second)
 		connA := svc.Conn()
@@ -183,7 +183,7 @@ func TestSpecCase4PausedOwnerIsFenced(t *testing.T) {
 	})
 }
 
-// SPEC case 4 with the old owner kept from taking a new lease: after the
+// docs/design.md case 4 with the old owner kept from taking a new lease: after the
 // pause it mints nothing from the blocks it still holds, because its
 // safety deadline, on Go's monotonic clock, passed during the pause; and it
 // holds no usable lease. (Were the host's monotonic clock frozen too, as in
@@ -193,7 +193,7 @@ func TestSpecCase4PausedOwnerIsFenced(t *testing.T) {
 // overlap: the grants' overlap check below covers that.) This test used to
 // freeze an injected client clock during the pause; the client has only
 // the monotonic clock now, so the pause itself is the fault.
-func TestSpecCase4PausedOwnerMintsNothingStale(t *testing.T) {
+func TestDesignCase4PausedOwnerMintsNothingStale(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		svc := fakeService(3 * time.Second)
 		connA := svc.Conn()
@@ -248,11 +248,11 @@ func TestSpecCase4PausedOwnerMintsNothingStale(t *testing.T) {
 	})
 }
 
-// SPEC case 6: the regional service becomes unreachable (requests dropped)
+// docs/design.md case 6: the regional service becomes unreachable (requests dropped)
 // for several clients: they mint on inside their safe interval, then fail
 // closed with ErrLeaseLost; when it returns they recover without restart
 // and without duplicates.
-func TestSpecCase6ServiceIsolated(t *testing.T) {
+func TestDesignCase6ServiceIsolated(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		svc := fakeService(3 * time.Second)
 		const n = 3
@@ -320,12 +320,12 @@ func TestSpecCase6ServiceIsolated(t *testing.T) {
 	})
 }
 
-// SPEC case 5: 4 regions x 200 workers, each region its own service, the
+// docs/design.md case 5: 4 regions x 200 workers, each region its own service, the
 // whole fleet in one millisecond: under synctest's fake time no time
 // passes while the callers run, so every client mints its 1,000 IDs in the
 // same millisecond. All decoded fields in range, region and worker as
-// leased, every ID unique. TestRealSpecCase5Fleet runs the fleet over etcd.
-func TestSpecCase5FleetInOneMillisecond(t *testing.T) {
+// leased, every ID unique. TestRealDesignCase5Fleet runs the fleet over etcd.
+func TestDesignCase5FleetInOneMillisecond(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const regions, perRegion, perClient = 4, 200, 1000
 		svcs := make([]*rangeclienttest.Service, regions)
