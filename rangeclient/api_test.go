@@ -43,10 +43,13 @@ func TestConfigValidate(t *testing.T) {
 		{"Config.Region", func(c *Config) { c.Region = -1 }},
 		{"Config.Owner", func(c *Config) { c.Owner = strings.Repeat("x", 300) }},
 		{"Config.Owner", func(c *Config) { c.Owner = "\xff" }},
+		{"Config.Owner", func(c *Config) { c.Owner = "two\nlines" }}, // the store's rule, checked before dialling
 		{"Config.RefillInterval", func(c *Config) { c.RefillInterval = time.Microsecond }},
 		{"Config.MinBlock", func(c *Config) { c.MinBlock = -5 }},
 		{"Config.MaxBlock", func(c *Config) { c.MinBlock, c.MaxBlock = 100, 50 }},
 		{"Config.MaxBlock", func(c *Config) { c.MaxBlock = math.MaxUint32 + 1 }},
+		{"Config.MaxBlock", func(c *Config) { c.MaxBlock = int(segment.MaxBlockLimit) + 1 }},
+		{"Config.FixedBlock", func(c *Config) { c.FixedBlock = int(segment.MaxBlockLimit) + 1 }},
 		{"Config.FixedBlock", func(c *Config) { c.FixedBlock = -1 }},
 		{"Config.PrefetchThreshold", func(c *Config) { c.PrefetchThreshold = 1.5 }},
 		{"Config.PrefetchThreshold", func(c *Config) { c.PrefetchThreshold = math.NaN() }},

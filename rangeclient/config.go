@@ -3,7 +3,6 @@ package rangeclient
 import (
 	"fmt"
 	"log/slog"
-	"math"
 	"net"
 	"os"
 	"strconv"
@@ -28,7 +27,7 @@ const (
 	DefaultMinBlock = 1 << snowflake.SequenceBits
 	// DefaultMaxBlock is the largest block requested: 10 s of span, the
 	// service's default limit (larger requests are refused there).
-	DefaultMaxBlock = 10_000 << snowflake.SequenceBits
+	DefaultMaxBlock = int(segment.DefaultMaxBlock)
 	// DefaultPrefetchThreshold: the next block is requested when less than
 	// half of the current one's expected life is left.
 	DefaultPrefetchThreshold = 0.5
@@ -46,9 +45,6 @@ const (
 	DefaultBackoffBase = 50 * time.Millisecond
 	DefaultBackoffMax  = 2 * time.Second
 )
-
-// maxWireCount is the largest block count the wire format carries (uint32).
-const maxWireCount = math.MaxUint32
 
 // Config configures a Client. Exactly one of Targets and Allocator is
 // required; every other field has a documented default for its zero value.
@@ -139,8 +135,8 @@ func (c Config) withDefaults() Config {
 			host = "unknown-host"
 		}
 		c.Owner = fmt.Sprintf("%s/%d", host, os.Getpid())
-		if len(c.Owner) > maxOwnerLen {
-			c.Owner = c.Owner[:maxOwnerLen]
+		if len(c.Owner) > segment.MaxOwnerLen {
+			c.Owner = c.Owner[:segment.MaxOwnerLen]
 			for !utf8.ValidString(c.Owner) {
 				c.Owner = c.Owner[:len(c.Owner)-1]
 			}
@@ -176,8 +172,6 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-const maxOwnerLen = 256
-
 // Validate reports the first field of c (after defaults) that is out of
 // range, wrapping ErrInvalidConfig with the field's name and value.
 func (c Config) Validate() error {
@@ -194,23 +188,22 @@ func (c Config) Validate() error {
 	if err := checkTargets(c.Targets); err != nil {
 		return err
 	}
+	if err := segment.ValidateOwner(c.Owner); err != nil {
+		return bad("Config.Owner: %w", err)
+	}
 	switch {
 	case c.Region < 0 || c.Region > snowflake.MaxRegion:
 		return bad("Config.Region %d not in 0..%d", c.Region, snowflake.MaxRegion)
-	case len(c.Owner) > maxOwnerLen:
-		return bad("Config.Owner is %d bytes, at most %d", len(c.Owner), maxOwnerLen)
-	case !utf8.ValidString(c.Owner):
-		return bad("Config.Owner %q is not valid UTF-8", c.Owner)
 	case c.RefillInterval < time.Millisecond:
 		return bad("Config.RefillInterval %v must be at least 1ms", c.RefillInterval)
 	case c.MinBlock < 1:
 		return bad("Config.MinBlock %d must be at least 1", c.MinBlock)
 	case c.MaxBlock < c.MinBlock:
 		return bad("Config.MaxBlock %d is below Config.MinBlock %d", c.MaxBlock, c.MinBlock)
-	case c.MaxBlock > maxWireCount:
-		return bad("Config.MaxBlock %d exceeds the wire limit %d", c.MaxBlock, int64(maxWireCount))
-	case c.FixedBlock < 0 || c.FixedBlock > maxWireCount:
-		return bad("Config.FixedBlock %d not in 0..%d (0 = adaptive)", c.FixedBlock, int64(maxWireCount))
+	case int64(c.MaxBlock) > segment.MaxBlockLimit:
+		return bad("Config.MaxBlock %d exceeds the limit %d", c.MaxBlock, segment.MaxBlockLimit)
+	case c.FixedBlock < 0 || int64(c.FixedBlock) > segment.MaxBlockLimit:
+		return bad("Config.FixedBlock %d not in 0..%d (0 = adaptive)", c.FixedBlock, segment.MaxBlockLimit)
 	case !(c.PrefetchThreshold > 0 && c.PrefetchThreshold <= 1): // also rejects NaN
 		return bad("Config.PrefetchThreshold %v not in (0, 1]", c.PrefetchThreshold)
 	case c.RPCTimeout < 0:

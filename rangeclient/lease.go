@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/idrange/idrange/segment"
-	"github.com/idrange/idrange/snowflake"
 )
 
 // killedDeadline poisons a lease's deadline: every local reading is past
@@ -137,14 +136,11 @@ func (c *Client) acquire(ctx context.Context) (*leaseState, error) {
 	if period == 0 {
 		period = safe / 3
 	}
-	var bad error
+	bad := sl.Validate() // then the checks that need this client's config
 	switch {
+	case bad != nil:
 	case sl.Region != c.cfg.Region:
 		bad = fmt.Errorf("service leased region %d, asked for %d: %w", sl.Region, c.cfg.Region, segment.ErrInvalid)
-	case sl.Worker < 0 || sl.Worker > snowflake.MaxWorker:
-		bad = fmt.Errorf("service leased worker %d, not in 0..%d: %w", sl.Worker, snowflake.MaxWorker, segment.ErrInvalid)
-	case sl.Token <= 0:
-		bad = fmt.Errorf("service returned fencing token %d: %w", sl.Token, segment.ErrInvalid)
 	case sl.TTL <= 0:
 		bad = fmt.Errorf("service granted TTL %v: %w", sl.TTL, segment.ErrInvalid)
 	case safe <= 0:

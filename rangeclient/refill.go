@@ -257,36 +257,15 @@ func (c *Client) refillOnce(l *leaseState) error {
 	if err != nil {
 		return fmt.Errorf("rangeclient: allocate %d IDs on code %d/%d: %w", n, l.seg.Region, l.seg.Worker, err)
 	}
-	if err := checkBlock(sb, l.seg, n); err != nil {
-		return err
+	if err := sb.Check(l.seg, int64(n)); err != nil {
+		// Using it could overlap another block: never minted from.
+		return fmt.Errorf("rangeclient: %w", err)
 	}
 	b := newBlock(sb, l, sent, arrive)
 	b.kickAt = c.kickAt(b)
 	c.stats.refills.Add(1)
 	if !c.install(b) {
 		c.stats.discarded.Add(1)
-	}
-	return nil
-}
-
-// checkBlock refuses a grant a correct service cannot send; using it could
-// overlap another block, so it is never minted from.
-func checkBlock(b segment.Block, l segment.Lease, asked int) error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("rangeclient: unusable grant for code %d/%d: "+format+": %w",
-			append(append([]any{l.Region, l.Worker}, args...), segment.ErrInvalid)...)
-	}
-	switch {
-	case b.Region != l.Region || b.Worker != l.Worker:
-		return bad("block is for code %d/%d", b.Region, b.Worker)
-	case b.Lo < 0 || b.Hi <= b.Lo:
-		return bad("[%d, %d) is empty or negative", b.Lo, b.Hi)
-	case b.Hi > int64(snowflake.MaxTimestamp+1)<<snowflake.SequenceBits:
-		return bad("hi %d is past the end of the epoch", b.Hi)
-	case b.Hi-b.Lo > int64(asked):
-		return bad("%d IDs, more than the %d asked", b.Hi-b.Lo, asked)
-	case b.ServiceTime.Before(snowflake.Epoch) || b.ValidUntil.Before(b.ServiceTime):
-		return bad("service time %v / valid until %v out of order", b.ServiceTime, b.ValidUntil)
 	}
 	return nil
 }

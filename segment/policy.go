@@ -26,10 +26,14 @@ const (
 	// grants (starting at the HWM) with a full default block.
 	DefaultMaxLead = 15 * time.Second
 
-	// maxMaxBlock and maxMaxLead keep arithmetic far from overflow and
-	// forbid configurations that would burn years of space per grant.
-	maxMaxBlock int64 = 1 << 40
-	maxMaxLead        = 24 * time.Hour
+	// MaxBlockLimit is the largest MaxBlock any policy, service or client
+	// accepts: 100 s of span (10 x DefaultMaxBlock), far inside the wire's
+	// uint32 count. Larger blocks would only burn space faster.
+	MaxBlockLimit int64 = 10 * DefaultMaxBlock
+
+	// maxMaxLead keeps arithmetic far from overflow and forbids
+	// configurations that would burn years of space per grant.
+	maxMaxLead = 24 * time.Hour
 )
 
 // Policy is the grant rule's tuning. The zero value means "all defaults"
@@ -64,8 +68,8 @@ func (p Policy) WithDefaults() Policy {
 // here; call WithDefaults first to accept them as defaults).
 func (p Policy) Validate() error {
 	switch {
-	case p.MaxBlock < 1 || p.MaxBlock > maxMaxBlock:
-		return fmt.Errorf("policy MaxBlock %d not in 1..%d: %w", p.MaxBlock, maxMaxBlock, ErrInvalid)
+	case p.MaxBlock < 1 || p.MaxBlock > MaxBlockLimit:
+		return fmt.Errorf("policy MaxBlock %d not in 1..%d: %w", p.MaxBlock, MaxBlockLimit, ErrInvalid)
 	case p.MaxLead < time.Millisecond || p.MaxLead > maxMaxLead:
 		return fmt.Errorf("policy MaxLead %v not in 1ms..%v: %w", p.MaxLead, maxMaxLead, ErrInvalid)
 	case p.MaxLead%time.Millisecond != 0:

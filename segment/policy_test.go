@@ -111,7 +111,7 @@ func TestPolicyValidate(t *testing.T) {
 		"MaxLead":  {MaxBlock: 1, MaxLead: 0},
 	}
 	bad["MaxLead "] = segment.Policy{MaxBlock: 1, MaxLead: 1500 * time.Microsecond}
-	bad["MaxBlock "] = segment.Policy{MaxBlock: 1 << 41, MaxLead: time.Second}
+	bad["MaxBlock "] = segment.Policy{MaxBlock: segment.MaxBlockLimit + 1, MaxLead: time.Second}
 	for field, p := range bad {
 		err := p.Validate()
 		if !errors.Is(err, segment.ErrInvalid) || !strings.Contains(err.Error(), strings.TrimSpace(field)) {
@@ -215,7 +215,7 @@ func FuzzPlan(f *testing.F) {
 	f.Add(int64(-5), uint32(1), uint64(1), []byte{128, 0, 255})
 	f.Fuzz(func(t *testing.T, start int64, leadMs uint32, maxBlock uint64, prog []byte) {
 		p := segment.Policy{
-			MaxBlock: 1 + int64(maxBlock%uint64(1<<40)),
+			MaxBlock: 1 + int64(maxBlock%uint64(segment.MaxBlockLimit)),
 			MaxLead:  time.Duration(1+leadMs%86_400_000) * time.Millisecond,
 		}
 		if start > snowflake.MaxTimestamp+10 || start < -snowflake.MaxTimestamp {

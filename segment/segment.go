@@ -94,15 +94,25 @@ type Lease struct {
 // lease can be checked for without the store: whether the store issued it is
 // the store's question.
 func (l Lease) Validate() error {
+	if err := ValidateRegion(l.Region); err != nil {
+		return err
+	}
 	switch {
-	case l.Region < 0 || l.Region > snowflake.MaxRegion:
-		return fmt.Errorf("region %d not in 0..%d: %w", l.Region, snowflake.MaxRegion, ErrInvalid)
 	case l.Worker < 0 || l.Worker > snowflake.MaxWorker:
 		return fmt.Errorf("worker %d not in 0..%d: %w", l.Worker, snowflake.MaxWorker, ErrInvalid)
 	case l.Token <= 0:
 		return fmt.Errorf("token %d must be positive: %w", l.Token, ErrInvalid)
 	case l.LeaseID <= 0:
 		return fmt.Errorf("lease_id %d must be positive: %w", l.LeaseID, ErrInvalid)
+	}
+	return nil
+}
+
+// ValidateRegion reports a region code outside 0..snowflake.MaxRegion,
+// wrapping ErrInvalid.
+func ValidateRegion(region int) error {
+	if region < 0 || region > snowflake.MaxRegion {
+		return fmt.Errorf("region %d not in 0..%d: %w", region, snowflake.MaxRegion, ErrInvalid)
 	}
 	return nil
 }

@@ -11,7 +11,10 @@ import (
 	"time"
 
 	"github.com/idrange/idrange/internal/cli"
+	"github.com/idrange/idrange/internal/region"
 	"github.com/idrange/idrange/internal/service"
+	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/segment/etcdstore"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -22,11 +25,7 @@ const (
 	defaultDataDir       = "./data/rangesvc"
 	defaultEtcdClientURL = "http://127.0.0.1:2379"
 	defaultEtcdPeerURL   = "http://127.0.0.1:2380"
-	defaultLeaseTTL      = 10 * time.Second
-	defaultMaxLead       = 15 * time.Second
-	defaultKeyPrefix     = "/idrange/v1/"
 	defaultShutdown      = 10 * time.Second
-	defaultEtcdTimeout   = 5 * time.Second
 )
 
 // serveConfig is `rangesvc serve`'s flags, one field per flag. Zero values
@@ -106,12 +105,12 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	})
 	fs.StringVar(&c.EtcdClientURL, "etcd-client-url", defaultEtcdClientURL, "embedded etcd client URL (port 0: any free port)")
 	fs.StringVar(&c.EtcdPeerURL, "etcd-peer-url", defaultEtcdPeerURL, "embedded etcd peer URL (port 0: any free port)")
-	fs.DurationVar(&c.LeaseTTL, "lease-ttl", defaultLeaseTTL, "worker-code lease TTL (whole seconds, >= 2s)")
-	fs.IntVar(&c.MaxBlock, "max-block", service.DefaultMaxBlock, "largest block a request may ask for, in IDs")
-	fs.DurationVar(&c.MaxLead, "max-lead", defaultMaxLead, "how far a code's HWM may run ahead of the clock")
+	fs.DurationVar(&c.LeaseTTL, "lease-ttl", segment.DefaultLeaseTTL, "worker-code lease TTL (whole seconds, >= 2s)")
+	fs.IntVar(&c.MaxBlock, "max-block", int(segment.DefaultMaxBlock), "largest block a request may ask for, in IDs")
+	fs.DurationVar(&c.MaxLead, "max-lead", segment.DefaultMaxLead, "how far a code's HWM may run ahead of the clock")
 	fs.DurationVar(&c.RollbackBound, "rollback-bound", service.DefaultRollbackBound, "clock rollback that makes the replica NOT_SERVING")
-	fs.StringVar(&c.KeyPrefix, "key-prefix", defaultKeyPrefix, "etcd key prefix")
-	fs.DurationVar(&c.EtcdTimeout, "etcd-timeout", defaultEtcdTimeout, "timeout for connecting to etcd and health probes")
+	fs.StringVar(&c.KeyPrefix, "key-prefix", etcdstore.DefaultPrefix, "etcd key prefix")
+	fs.DurationVar(&c.EtcdTimeout, "etcd-timeout", region.DefaultEtcdTimeout, "timeout for connecting to etcd and health probes")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", defaultShutdown, "graceful shutdown bound")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
 	c.Faults.register(fs)
@@ -167,24 +166,25 @@ func (c serveConfig) Validate() error {
 	switch {
 	case c.LeaseTTL < 2*time.Second || c.LeaseTTL%time.Second != 0:
 		return fmt.Errorf("--lease-ttl %v must be whole seconds, at least 2s", c.LeaseTTL)
-	case c.MaxBlock < 1 || c.MaxBlock > 10*service.DefaultMaxBlock:
-		return fmt.Errorf("--max-block %d not in 1..%d", c.MaxBlock, 10*service.DefaultMaxBlock)
+	case c.MaxBlock < 1 || int64(c.MaxBlock) > segment.MaxBlockLimit:
+		return fmt.Errorf("--max-block %d not in 1..%d", c.MaxBlock, segment.MaxBlockLimit)
 	case c.MaxLead < time.Second || c.MaxLead%time.Millisecond != 0:
 		return fmt.Errorf("--max-lead %v must be whole milliseconds, at least 1s", c.MaxLead)
 	case c.RollbackBound < 0:
 		return fmt.Errorf("--rollback-bound %v must not be negative", c.RollbackBound)
-	case c.KeyPrefix == "" || !strings.HasPrefix(c.KeyPrefix, "/") || !strings.HasSuffix(c.KeyPrefix, "/"):
-		return fmt.Errorf("--key-prefix %q must start and end with /", c.KeyPrefix)
 	case c.EtcdTimeout <= 0:
 		return fmt.Errorf("--etcd-timeout %v must be positive", c.EtcdTimeout)
 	case c.ShutdownTimeout <= 0:
 		return fmt.Errorf("--shutdown-timeout %v must be positive", c.ShutdownTimeout)
 	}
+	if err := etcdstore.ValidatePrefix(c.KeyPrefix); err != nil {
+		return fmt.Errorf("--key-prefix: %w", err)
+	}
 	if _, err := parseLogLevel(c.LogLevel); err != nil {
 		return err
 	}
 	if err := c.storeConfig().Validate(); err != nil {
-		return fmt.Errorf("store settings (--lease-ttl, --max-block, --max-lead, --key-prefix): %w", err)
+		return fmt.Errorf("store settings (--lease-ttl, --max-block, --max-lead): %w", err)
 	}
 	return nil
 }

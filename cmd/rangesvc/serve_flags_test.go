@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/idrange/idrange/internal/cli"
+	"github.com/idrange/idrange/segment"
 )
 
 // Bad flags of serve and mint exit 2 with a message naming the problem,
@@ -69,7 +70,7 @@ func TestServeFlagsDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Listen != defaultListen || c.Metrics != defaultMetrics || c.DataDir != defaultDataDir ||
-		c.LeaseTTL != defaultLeaseTTL || c.MaxLead != defaultMaxLead || len(c.Etcd) != 0 || c.Region != 2 {
+		c.LeaseTTL != segment.DefaultLeaseTTL || c.MaxLead != segment.DefaultMaxLead || len(c.Etcd) != 0 || c.Region != 2 {
 		t.Fatalf("defaults = %+v", c)
 	}
 	c, err = parseServeFlags([]string{"--region", "1", "--etcd", "10.0.0.1:2379, http://10.0.0.2:2379"}, &strings.Builder{})

@@ -201,11 +201,13 @@ func (replyConn) NewStream(context.Context, *grpc.StreamDesc, string, ...grpc.Ca
 
 // FuzzAllocatorRejectsBadReplies: whatever a service answers to
 // AllocateBlock, the client's allocator either refuses it or returns a
-// block a correct service could have granted: non-empty, not negative, not
-// past the end of the epoch, not wider than asked, with a validity not
-// before its service time. A block outside those rules could overlap
+// block a correct service could have granted: non-empty, starting at L 1 or
+// later, not past the end of the epoch, not wider than asked, served after
+// the epoch and valid for some time after that. A block outside those rules could overlap
 // another one; it must never reach the minting path.
 func FuzzAllocatorRejectsBadReplies(f *testing.F) {
+	t0 := snowflake.Epoch.UnixNano()
+	f.Add(int64(4096), int64(8192), t0+1, t0+2, uint32(4096)) // a good reply
 	f.Add(int64(4096), int64(8192), int64(1), int64(2), uint32(4096))
 	f.Add(int64(-1), int64(10), int64(1), int64(2), uint32(100))
 	f.Add(int64(10), int64(10), int64(1), int64(2), uint32(100))
@@ -223,9 +225,9 @@ func FuzzAllocatorRejectsBadReplies(f *testing.F) {
 		switch {
 		case n == 0:
 			t.Fatal("a zero-count request was sent")
-		case b.Lo < 0 || b.Hi <= b.Lo || b.Hi > wire.MaxLinear || b.Hi-b.Lo > int64(n):
+		case b.Lo < 1 || b.Hi <= b.Lo || b.Hi > segment.EndL || b.Hi-b.Lo > int64(n):
 			t.Fatalf("accepted block [%d,%d) for %d IDs", b.Lo, b.Hi, n)
-		case b.ServiceTime.IsZero() || b.ValidUntil.Before(b.ServiceTime):
+		case b.ServiceTime.Before(snowflake.Epoch) || !b.ValidUntil.After(b.ServiceTime):
 			t.Fatalf("accepted validity %v..%v", b.ServiceTime, b.ValidUntil)
 		case b.Region != l.Region || b.Worker != l.Worker:
 			t.Fatalf("accepted block for code %d/%d on lease %d/%d", b.Region, b.Worker, l.Region, l.Worker)

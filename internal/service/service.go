@@ -29,7 +29,6 @@ import (
 	"log/slog"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -64,8 +63,6 @@ const (
 	// DefaultRPCTimeout caps how long one RPC may wait on the store when
 	// the caller set no shorter deadline.
 	DefaultRPCTimeout = 10 * time.Second
-	// MaxOwnerLen is the longest owner string AcquireLease accepts.
-	MaxOwnerLen = segment.MaxOwnerLen
 	// HealthService is the name under which the RangeService's health is
 	// reported (the empty name "" reports the same).
 	HealthService = "idrange.v1.RangeService"
@@ -88,7 +85,7 @@ type Config struct {
 	// remaining epoch life. Give the store the same clock. Default
 	// clock.System{}.
 	Clock clock.Clock
-	// MaxBlock is the largest count accepted (1..DefaultMaxBlock*10).
+	// MaxBlock is the largest count accepted (1..segment.MaxBlockLimit).
 	// Default DefaultMaxBlock. Keep it equal to the store's policy limit.
 	MaxBlock int
 	// RollbackBound: a clock this far behind the highest time seen makes
@@ -162,8 +159,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("service: Config.Region %d not in 0..%d", c.Region, snowflake.MaxRegion)
 	case c.Allocator == nil:
 		return errors.New("service: Config.Allocator is required")
-	case c.MaxBlock < 1 || c.MaxBlock > 10*DefaultMaxBlock:
-		return fmt.Errorf("service: Config.MaxBlock %d not in 1..%d", c.MaxBlock, 10*DefaultMaxBlock)
+	case c.MaxBlock < 1 || int64(c.MaxBlock) > segment.MaxBlockLimit:
+		return fmt.Errorf("service: Config.MaxBlock %d not in 1..%d", c.MaxBlock, segment.MaxBlockLimit)
 	case c.RollbackBound < 0:
 		return fmt.Errorf("service: Config.RollbackBound %v is negative", c.RollbackBound)
 	}
@@ -420,15 +417,11 @@ func (s *Service) checkLease(p *idrangev1.Lease) (segment.Lease, error) {
 	if err := s.checkRegion("lease.region", p.GetRegion()); err != nil {
 		return segment.Lease{}, err
 	}
-	switch {
-	case p.GetWorker() > snowflake.MaxWorker:
-		return segment.Lease{}, invalid("lease.worker: %d not in 0..%d", p.GetWorker(), snowflake.MaxWorker)
-	case p.GetToken() <= 0:
-		return segment.Lease{}, invalid("lease.token: %d must be > 0 (the token AcquireLease returned)", p.GetToken())
-	case p.GetLeaseId() <= 0:
-		return segment.Lease{}, invalid("lease.lease_id: %d must be > 0 (the lease_id AcquireLease returned)", p.GetLeaseId())
+	l := wire.LeaseFromProto(p)
+	if err := l.Validate(); err != nil {
+		return segment.Lease{}, fmt.Errorf("lease: %w", err)
 	}
-	return wire.LeaseFromProto(p), nil
+	return l, nil
 }
 
 // AcquireLease leases a free worker code of this region.
@@ -438,11 +431,8 @@ func (s *Service) AcquireLease(ctx context.Context, req *idrangev1.AcquireLeaseR
 		if err := s.checkRegion("region", req.GetRegion()); err != nil {
 			return err
 		}
-		if n := len(req.GetOwner()); n > MaxOwnerLen {
-			return invalid("owner: %d bytes, at most %d", n, MaxOwnerLen)
-		}
-		if !utf8.ValidString(req.GetOwner()) {
-			return invalid("owner: not valid UTF-8")
+		if err := segment.ValidateOwner(req.GetOwner()); err != nil {
+			return err
 		}
 		s.observe()
 		l, err := s.cfg.Allocator.Acquire(ctx, int(req.GetRegion()), req.GetOwner())
@@ -526,9 +516,10 @@ func (s *Service) AllocateBlock(ctx context.Context, req *idrangev1.AllocateBloc
 		if err != nil {
 			return err
 		}
-		if b.Hi <= b.Lo || b.Region != l.Region || b.Worker != l.Worker {
-			// Never forward a block the store should not have produced.
-			return fmt.Errorf("store returned block [%d,%d) for code %d/%d on lease %d/%d", b.Lo, b.Hi, b.Region, b.Worker, l.Region, l.Worker)
+		if err := b.Check(l, int64(req.GetCount())); err != nil {
+			// Never forward a block the store should not have produced;
+			// the caller's request was fine, so this is Internal.
+			return fmt.Errorf("store returned block [%d,%d): %v", b.Lo, b.Hi, err)
 		}
 		now := s.observe()
 		s.metrics.observeGrant(b, time.Since(start), now)

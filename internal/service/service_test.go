@@ -159,7 +159,7 @@ func TestValidation(t *testing.T) {
 			return err
 		}, "region: 7 not in 0..3"},
 		{"acquire owner too long", func() error {
-			_, err := f.cli.AcquireLease(ctx, &idrangev1.AcquireLeaseRequest{Region: 1, Owner: strings.Repeat("x", MaxOwnerLen+1)})
+			_, err := f.cli.AcquireLease(ctx, &idrangev1.AcquireLeaseRequest{Region: 1, Owner: strings.Repeat("x", segment.MaxOwnerLen+1)})
 			return err
 		}, "owner"},
 	}
@@ -171,12 +171,12 @@ func TestValidation(t *testing.T) {
 		{"missing lease", nil, "lease: required"},
 		{"wrong region", with(func(l *idrangev1.Lease) { l.Region = 0 }), "lease.region: 0 is not this replica's region 1"},
 		{"region out of range", with(func(l *idrangev1.Lease) { l.Region = 4 }), "lease.region: 4 not in 0..3"},
-		{"worker 256", with(func(l *idrangev1.Lease) { l.Worker = 256 }), "lease.worker: 256 not in 0..255"},
-		{"worker huge", with(func(l *idrangev1.Lease) { l.Worker = 1 << 31 }), "lease.worker"},
-		{"token 0", with(func(l *idrangev1.Lease) { l.Token = 0 }), "lease.token: 0"},
-		{"token negative", with(func(l *idrangev1.Lease) { l.Token = -3 }), "lease.token: -3"},
-		{"lease_id 0", with(func(l *idrangev1.Lease) { l.LeaseId = 0 }), "lease.lease_id: 0"},
-		{"lease_id negative", with(func(l *idrangev1.Lease) { l.LeaseId = -1 }), "lease.lease_id: -1"},
+		{"worker 256", with(func(l *idrangev1.Lease) { l.Worker = 256 }), "lease: worker 256 not in 0..255"},
+		{"worker huge", with(func(l *idrangev1.Lease) { l.Worker = 1 << 31 }), "lease: worker 2147483648"},
+		{"token 0", with(func(l *idrangev1.Lease) { l.Token = 0 }), "lease: token 0"},
+		{"token negative", with(func(l *idrangev1.Lease) { l.Token = -3 }), "lease: token -3"},
+		{"lease_id 0", with(func(l *idrangev1.Lease) { l.LeaseId = 0 }), "lease: lease_id 0"},
+		{"lease_id negative", with(func(l *idrangev1.Lease) { l.LeaseId = -1 }), "lease: lease_id -1"},
 	}
 	for _, lc := range leaseCases {
 		cases = append(cases,

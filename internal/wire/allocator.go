@@ -10,17 +10,12 @@ import (
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/segment"
-	"github.com/idrange/idrange/snowflake"
 )
-
-// MaxLinear is the end (exclusive) of every code's linear space:
-// (snowflake.MaxTimestamp+1)<<12. No block may reach past it.
-const MaxLinear = segment.EndL
 
 // NewAllocator returns a segment.Allocator that calls the RangeService over
 // cc. Requests are checked before they are sent (a negative worker must not
 // wrap into a valid uint32), replies are checked before they are returned (a
-// block is never wider than asked, never empty, never past MaxLinear), and
+// block is never wider than asked, never empty, never past segment.EndL: segment.Block.Check), and
 // errors are mapped with FromStatus so errors.Is(err, segment.ErrFenced)
 // works on the client.
 func NewAllocator(cc grpc.ClientConnInterface) segment.Allocator {
@@ -32,8 +27,8 @@ type allocator struct {
 }
 
 func (a *allocator) Acquire(ctx context.Context, region int, owner string) (segment.Lease, error) {
-	if region < 0 || region > snowflake.MaxRegion {
-		return segment.Lease{}, fmt.Errorf("region %d not in 0..%d: %w", region, snowflake.MaxRegion, segment.ErrInvalid)
+	if err := segment.ValidateRegion(region); err != nil {
+		return segment.Lease{}, err
 	}
 	resp, err := a.c.AcquireLease(ctx, &idrangev1.AcquireLeaseRequest{Region: uint32(region), Owner: owner})
 	if err != nil {
@@ -44,8 +39,8 @@ func (a *allocator) Acquire(ctx context.Context, region int, owner string) (segm
 	}
 	l := LeaseFromProto(resp.GetLease())
 	l.TTL = time.Duration(resp.GetTtlMs()) * time.Millisecond
-	if err := checkLease(l, ErrProtocol); err != nil {
-		return segment.Lease{}, fmt.Errorf("AcquireLease reply: %w", err)
+	if err := l.Validate(); err != nil {
+		return segment.Lease{}, malformed("AcquireLease", err)
 	}
 	if l.Region != region {
 		return segment.Lease{}, fmt.Errorf("AcquireLease reply: region %d, asked for %d: %w", l.Region, region, ErrProtocol)
@@ -93,54 +88,27 @@ func (a *allocator) Allocate(ctx context.Context, l segment.Lease, n int) (segme
 		return segment.Block{}, FromStatus(err)
 	}
 	b := BlockFromProto(l.Region, l.Worker, resp)
-	if err := checkBlock(b, n); err != nil {
-		return segment.Block{}, err
+	if err := b.Check(l, int64(n)); err != nil {
+		return segment.Block{}, malformed("AllocateBlock", err)
 	}
 	return b, nil
 }
 
-// leaseRequest checks l's fields and converts it for a request.
+// leaseRequest checks l's fields (segment.Lease.Validate) and converts it
+// for a request.
 func leaseRequest(l segment.Lease) (*idrangev1.Lease, error) {
-	if err := checkLease(l, segment.ErrInvalid); err != nil {
-		return nil, err
+	if err := l.Validate(); err != nil {
+		return nil, fmt.Errorf("lease: %w", err)
 	}
 	return LeaseToProto(l), nil
 }
 
-// checkLease reports the first out-of-range field of l, wrapping sentinel
-// (ErrInvalid for a caller's request, ErrProtocol for a server's reply).
-func checkLease(l segment.Lease, sentinel error) error {
-	switch {
-	case l.Region < 0 || l.Region > snowflake.MaxRegion:
-		return fmt.Errorf("lease region %d not in 0..%d: %w", l.Region, snowflake.MaxRegion, sentinel)
-	case l.Worker < 0 || l.Worker > snowflake.MaxWorker:
-		return fmt.Errorf("lease worker %d not in 0..%d: %w", l.Worker, snowflake.MaxWorker, sentinel)
-	case l.Token <= 0:
-		return fmt.Errorf("lease token %d not > 0: %w", l.Token, sentinel)
-	case l.LeaseID <= 0:
-		return fmt.Errorf("lease_id %d not > 0: %w", l.LeaseID, sentinel)
-	}
-	return nil
-}
-
-// checkBlock refuses a reply a correct service cannot send. Using such a
-// block could overlap another one, so it is dropped (a gap), never trusted.
-func checkBlock(b segment.Block, asked int) error {
-	switch {
-	case b.Lo < 0:
-		return fmt.Errorf("AllocateBlock reply: lo %d < 0: %w", b.Lo, ErrProtocol)
-	case b.Hi <= b.Lo:
-		return fmt.Errorf("AllocateBlock reply: hi %d <= lo %d: %w", b.Hi, b.Lo, ErrProtocol)
-	case b.Hi > MaxLinear:
-		return fmt.Errorf("AllocateBlock reply: hi %d past the end of the epoch %d: %w", b.Hi, MaxLinear, ErrProtocol)
-	case b.Hi-b.Lo > int64(asked):
-		return fmt.Errorf("AllocateBlock reply: %d IDs, more than the %d asked: %w", b.Hi-b.Lo, asked, ErrProtocol)
-	case b.ServiceTime.IsZero() || b.ValidUntil.IsZero():
-		return fmt.Errorf("AllocateBlock reply: service time or validity missing: %w", ErrProtocol)
-	case b.ValidUntil.Before(b.ServiceTime):
-		return fmt.Errorf("AllocateBlock reply: valid until %v before service time %v: %w", b.ValidUntil, b.ServiceTime, ErrProtocol)
-	}
-	return nil
+// malformed marks a reply that fails segment's checks as ErrProtocol. The
+// check's own sentinel (segment.ErrInvalid) is kept out of the chain: the
+// caller's request was fine, the server's reply was not, and callers treat
+// the two differently (a bad reply moves to another replica).
+func malformed(rpc string, err error) error {
+	return fmt.Errorf("%s reply: %v: %w", rpc, err, ErrProtocol)
 }
 
 // LeaseToProto converts a lease for the wire (TTL travels separately, as

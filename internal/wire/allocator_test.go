@@ -82,7 +82,7 @@ func (f *fakeAlloc) Allocate(_ context.Context, l segment.Lease, n int) (segment
 	if f.tokens[l.Worker] != l.Token {
 		return segment.Block{}, fmt.Errorf("worker %d token %d: %w", l.Worker, l.Token, segment.ErrFenced)
 	}
-	lo := f.hwm[l.Worker]
+	lo := max(f.hwm[l.Worker], 1) // L 0 is never granted (segment.Block.Check)
 	f.hwm[l.Worker] = lo + int64(n)
 	return segment.Block{Region: l.Region, Worker: l.Worker, Lo: lo, Hi: lo + int64(n),
 		ServiceTime: f.now, ValidUntil: f.now.Add(time.Second)}, nil
@@ -165,7 +165,7 @@ func TestAllocatorRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b1.Region != 2 || b1.Worker != 0 || b1.Lo != 0 || b1.Hi != 4096 || b2.Lo != 4096 || b2.Hi != 4196 {
+	if b1.Region != 2 || b1.Worker != 0 || b1.Lo != 1 || b1.Hi != 4097 || b2.Lo != 4097 || b2.Hi != 4197 {
 		t.Fatalf("blocks = %+v %+v", b1, b2)
 	}
 	if !b1.ServiceTime.Equal(f.now) || !b1.ValidUntil.Equal(f.now.Add(time.Second)) {
@@ -231,17 +231,21 @@ func TestAllocatorRejectsBadRequests(t *testing.T) {
 func TestAllocatorRejectsMalformedReplies(t *testing.T) {
 	ctx := context.Background()
 	now := time.Now().UnixNano()
+	later := now + int64(time.Second) // a validity that breaks no rule
 	cases := []struct {
 		name  string
 		reply *idrangev1.AllocateBlockResponse
 	}{
-		{"empty", &idrangev1.AllocateBlockResponse{Lo: 10, Hi: 10, ServiceTimeUnixNano: now, ValidUntilUnixNano: now}},
-		{"reversed", &idrangev1.AllocateBlockResponse{Lo: 10, Hi: 5, ServiceTimeUnixNano: now, ValidUntilUnixNano: now}},
-		{"negative", &idrangev1.AllocateBlockResponse{Lo: -5, Hi: 5, ServiceTimeUnixNano: now, ValidUntilUnixNano: now}},
-		{"wider than asked", &idrangev1.AllocateBlockResponse{Lo: 0, Hi: 101, ServiceTimeUnixNano: now, ValidUntilUnixNano: now}},
-		{"past epoch", &idrangev1.AllocateBlockResponse{Lo: MaxLinear - 1, Hi: MaxLinear + 1, ServiceTimeUnixNano: now, ValidUntilUnixNano: now}},
-		{"no times", &idrangev1.AllocateBlockResponse{Lo: 0, Hi: 10}},
-		{"valid before grant", &idrangev1.AllocateBlockResponse{Lo: 0, Hi: 10, ServiceTimeUnixNano: now, ValidUntilUnixNano: now - 1}},
+		{"empty", &idrangev1.AllocateBlockResponse{Lo: 10, Hi: 10, ServiceTimeUnixNano: now, ValidUntilUnixNano: later}},
+		{"reversed", &idrangev1.AllocateBlockResponse{Lo: 10, Hi: 5, ServiceTimeUnixNano: now, ValidUntilUnixNano: later}},
+		{"negative", &idrangev1.AllocateBlockResponse{Lo: -5, Hi: 5, ServiceTimeUnixNano: now, ValidUntilUnixNano: later}},
+		{"wider than asked", &idrangev1.AllocateBlockResponse{Lo: 1, Hi: 102, ServiceTimeUnixNano: now, ValidUntilUnixNano: later}},
+		{"past epoch", &idrangev1.AllocateBlockResponse{Lo: segment.EndL - 1, Hi: segment.EndL + 1, ServiceTimeUnixNano: now, ValidUntilUnixNano: later}},
+		{"lo zero", &idrangev1.AllocateBlockResponse{Lo: 0, Hi: 10, ServiceTimeUnixNano: now, ValidUntilUnixNano: later}},
+		{"valid at grant", &idrangev1.AllocateBlockResponse{Lo: 1, Hi: 10, ServiceTimeUnixNano: now, ValidUntilUnixNano: now}},
+		{"served before the epoch", &idrangev1.AllocateBlockResponse{Lo: 1, Hi: 10, ServiceTimeUnixNano: 1, ValidUntilUnixNano: later}},
+		{"no times", &idrangev1.AllocateBlockResponse{Lo: 1, Hi: 10}},
+		{"valid before grant", &idrangev1.AllocateBlockResponse{Lo: 1, Hi: 10, ServiceTimeUnixNano: now, ValidUntilUnixNano: now - 1}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -249,6 +253,9 @@ func TestAllocatorRejectsMalformedReplies(t *testing.T) {
 			_, err := a.Allocate(ctx, segment.Lease{Region: 0, Worker: 1, Token: 2, LeaseID: 3}, 100)
 			if !errors.Is(err, ErrProtocol) {
 				t.Fatalf("err = %v, want ErrProtocol", err)
+			}
+			if errors.Is(err, segment.ErrInvalid) {
+				t.Fatalf("err = %v: a bad reply must not read as the caller's invalid request", err)
 			}
 		})
 	}

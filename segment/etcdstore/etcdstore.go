@@ -39,9 +39,20 @@ import (
 // DefaultPrefix is the etcd key prefix of format version 1.
 const DefaultPrefix = "/idrange/v1/"
 
+// ValidatePrefix is the rule for a key prefix: it starts and ends with "/",
+// so prefixes of two deployments are never prefixes of each other's keys
+// by accident. The error wraps segment.ErrInvalid.
+func ValidatePrefix(p string) error {
+	if !strings.HasPrefix(p, "/") || !strings.HasSuffix(p, "/") {
+		return fmt.Errorf("key prefix %q must start and end with /: %w", p, segment.ErrInvalid)
+	}
+	return nil
+}
+
 // Config configures a Storage. Zero fields take the documented defaults.
 type Config struct {
-	// Prefix of every key (must end in "/"). Default DefaultPrefix.
+	// Prefix of every key (ValidatePrefix: starts and ends with "/").
+	// Default DefaultPrefix.
 	Prefix string
 	// Logger receives warnings (keys under the prefix this layout does not
 	// produce). Default: discard.
@@ -66,8 +77,8 @@ func New(cli *clientv3.Client, cfg Config) (*Storage, error) {
 	if cfg.Prefix == "" {
 		cfg.Prefix = DefaultPrefix
 	}
-	if cfg.Prefix[len(cfg.Prefix)-1] != '/' {
-		return nil, fmt.Errorf("etcdstore: Prefix %q must end in /: %w", cfg.Prefix, segment.ErrInvalid)
+	if err := ValidatePrefix(cfg.Prefix); err != nil {
+		return nil, fmt.Errorf("etcdstore: Config.Prefix: %w", err)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

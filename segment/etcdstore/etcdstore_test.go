@@ -212,7 +212,7 @@ func TestStoreConfigValidate(t *testing.T) {
 			t.Errorf("NewStore(%+v) = %v; want ErrInvalid naming %s", cfg, err, field)
 		}
 	}
-	if _, err := etcdstore.New(cli, etcdstore.Config{Prefix: "/no/slash"}); !errors.Is(err, segment.ErrInvalid) || !strings.Contains(err.Error(), "Prefix") {
+	if _, err := etcdstore.New(cli, etcdstore.Config{Prefix: "/no/slash"}); !errors.Is(err, segment.ErrInvalid) || !strings.Contains(err.Error(), "prefix") {
 		t.Errorf("etcdstore.New(Prefix /no/slash) = %v; want ErrInvalid naming Prefix", err)
 	}
 	if _, err := segment.NewStore(nil, segment.StoreConfig{}); !errors.Is(err, segment.ErrInvalid) {
