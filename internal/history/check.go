@@ -10,6 +10,7 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/internal/idcheck"
+	"github.com/idrange/idrange/internal/overlap"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -407,11 +408,11 @@ func mintedUnder(ls []*leaseInfo, l, t1 int64) (li *leaseInfo, blk *blockInfo, o
 // checkBlocks checks that blocks of one code, from every process, never
 // overlap, and counts the positions and blocks that were never used.
 func (c *checker) checkBlocks() {
-	spans := make([]Span, len(c.blocks))
+	spans := make([]overlap.Span, len(c.blocks))
 	for i, b := range c.blocks {
-		spans[i] = Span{Region: b.Region, Worker: b.Worker, Lo: b.Lo, Hi: b.Hi}
+		spans[i] = overlap.Span{Region: b.Region, Worker: b.Worker, Lo: b.Lo, Hi: b.Hi}
 	}
-	for _, o := range Overlaps(spans) {
+	for _, o := range overlap.Find(spans) {
 		a, b := c.blocks[o.Earlier], c.blocks[o.Later]
 		c.rep.BlockOverlaps++
 		c.example("overlap", "%v: %s's [%d,%d) overlaps %s's [%d,%d)",

@@ -24,6 +24,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idrange/idrange/internal/overlap"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/segment/memstore"
 	"github.com/idrange/idrange/snowflake"
@@ -419,24 +420,18 @@ func (c *Conn) Allocate(ctx context.Context, l segment.Lease, n int) (b segment.
 
 var _ segment.Allocator = (*Conn)(nil)
 
-// Overlaps returns the first pair of grants of one code whose ranges
-// intersect, or ok=false if there is none.
+// Overlaps returns a pair of grants of one code whose ranges intersect
+// (the first such pair by code, then by Lo), or ok=false if there is none.
 func Overlaps(gs []Grant) (a, b Grant, ok bool) {
-	byCode := map[[2]int][]Grant{}
-	for _, g := range gs {
-		k := [2]int{g.Region, g.Worker}
-		byCode[k] = append(byCode[k], g)
+	spans := make([]overlap.Span, len(gs))
+	for i, g := range gs {
+		spans[i] = overlap.Span{Region: g.Region, Worker: g.Worker, Lo: g.Lo, Hi: g.Hi}
 	}
-	for _, list := range byCode {
-		for i := range list {
-			for j := i + 1; j < len(list); j++ {
-				if list[i].Lo < list[j].Hi && list[j].Lo < list[i].Hi {
-					return list[i], list[j], true
-				}
-			}
-		}
+	ps := overlap.Find(spans)
+	if len(ps) == 0 {
+		return Grant{}, Grant{}, false
 	}
-	return Grant{}, Grant{}, false
+	return gs[ps[0].Earlier], gs[ps[0].Later], true
 }
 
 // GrantIndex finds the grant that holds an ID in O(log n).

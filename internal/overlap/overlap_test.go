@@ -1,4 +1,4 @@
-package history
+package overlap
 
 import (
 	"math/rand/v2"
@@ -6,31 +6,31 @@ import (
 	"testing"
 )
 
-func TestOverlaps(t *testing.T) {
+func TestFind(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		spans []Span
-		want  []Overlap
+		want  []Pair
 	}{
 		{"none", nil, nil},
 		{"adjacent blocks do not overlap", []Span{{0, 1, 10, 20}, {0, 1, 0, 10}, {0, 1, 20, 30}}, nil},
 		{"other codes do not overlap", []Span{{0, 1, 0, 10}, {0, 2, 0, 10}, {1, 1, 5, 15}}, nil},
-		{"one overlap", []Span{{0, 1, 0, 10}, {0, 1, 9, 20}}, []Overlap{{0, 1}}},
+		{"one overlap", []Span{{0, 1, 0, 10}, {0, 1, 9, 20}}, []Pair{{0, 1}}},
 		{"paired with the span reaching furthest", []Span{{0, 1, 0, 100}, {0, 1, 10, 20}, {0, 1, 30, 40}},
-			[]Overlap{{0, 1}, {0, 2}}},
-		{"same Lo: ties by index", []Span{{3, 7, 5, 6}, {3, 7, 5, 9}}, []Overlap{{0, 1}}},
+			[]Pair{{0, 1}, {0, 2}}},
+		{"same Lo: ties by index", []Span{{3, 7, 5, 6}, {3, 7, 5, 9}}, []Pair{{0, 1}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := Overlaps(tc.spans); !slices.Equal(got, tc.want) {
-				t.Fatalf("Overlaps = %v, want %v", got, tc.want)
+			if got := Find(tc.spans); !slices.Equal(got, tc.want) {
+				t.Fatalf("Find = %v, want %v", got, tc.want)
 			}
 		})
 	}
 }
 
-// Overlaps finds an overlap exactly when some pair of non-empty spans of
+// Find finds an overlap exactly when some pair of non-empty spans of
 // one code intersects, and every pair it reports does intersect.
-func TestOverlapsMatchesPairwise(t *testing.T) {
+func TestFindMatchesPairwise(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	for range 2000 {
 		spans := make([]Span, r.IntN(8))
@@ -47,9 +47,9 @@ func TestOverlapsMatchesPairwise(t *testing.T) {
 				found = found || intersect(spans[i], spans[j])
 			}
 		}
-		got := Overlaps(spans)
+		got := Find(spans)
 		if (len(got) > 0) != found {
-			t.Fatalf("%v: Overlaps = %v, pairwise overlap %t", spans, got, found)
+			t.Fatalf("%v: Find = %v, pairwise overlap %t", spans, got, found)
 		}
 		for _, o := range got {
 			if !intersect(spans[o.Earlier], spans[o.Later]) {
