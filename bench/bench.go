@@ -351,9 +351,6 @@ func StartEnv(ctx context.Context, cfg Config) (*Env, error) {
 	return env, nil
 }
 
-// Regions are the running regions, by region code.
-func (e *Env) Regions() []*region.Region { return e.regions }
-
 // Close stops the regions and their etcds.
 func (e *Env) Close() error {
 	var first error

@@ -457,7 +457,7 @@ func runPhase(ctx context.Context, cfg Config, inst Instance, g int, d time.Dura
 	if s := time.Duration(ph.Elapsed).Seconds(); s > 0 {
 		ph.IDsPerSec = float64(ph.IDs) / s
 	}
-	ph.RPCs = inst.Calls().Sub(rpc0).Calls
+	ph.RPCs = inst.Calls().Calls - rpc0.Calls
 	ph.Waits = waitsOf(inst) - waits0
 	if cfg.Region != nil {
 		ph.EtcdWrites = cfg.Region.EtcdWrites() - w0

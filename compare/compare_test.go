@@ -14,7 +14,6 @@ import (
 	"github.com/idrange/idrange/internal/region"
 	"github.com/idrange/idrange/internal/region/regiontest"
 	"github.com/idrange/idrange/internal/report/reporttest"
-	"github.com/idrange/idrange/internal/rpccount"
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
@@ -208,14 +207,5 @@ func TestIDsBoundAndConfig(t *testing.T) {
 	}
 	if _, err := ByName([]string{"local", "nope"}); err == nil {
 		t.Error("unknown strategy name accepted")
-	}
-}
-
-func TestRPCCountSub(t *testing.T) {
-	a := rpccount.Snapshot{Calls: 10, SentBytes: 100, ByMethod: map[string]uint64{"/x": 10}}
-	b := rpccount.Snapshot{Calls: 4, SentBytes: 40, ByMethod: map[string]uint64{"/x": 4}}
-	d := a.Sub(b)
-	if d.Calls != 6 || d.SentBytes != 60 || d.ByMethod["/x"] != 6 {
-		t.Fatalf("Sub = %+v", d)
 	}
 }

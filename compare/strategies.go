@@ -67,9 +67,21 @@ type Instance interface {
 	// share its state (one code, one connection).
 	Worker() Worker
 	// Calls reports the network calls made so far.
-	Calls() rpccount.Snapshot
+	Calls() Calls
 	// Close releases everything Start acquired.
 	Close() error
+}
+
+// Calls counts what an instance sent over the network: gRPC calls, and
+// message bytes each way (including gRPC's 5-byte framing, not HTTP/2 or
+// TCP overhead).
+type Calls struct {
+	Calls, SentBytes, RecvBytes uint64
+}
+
+func callsOf(c *rpccount.Counter) Calls {
+	s := c.Snapshot()
+	return Calls{Calls: s.Calls, SentBytes: s.SentBytes, RecvBytes: s.RecvBytes}
 }
 
 // Worker mints for one goroutine; it need not be safe for concurrent use.
@@ -150,10 +162,10 @@ func Local() Strategy {
 
 type localInstance struct{ g *snowflake.Generator }
 
-func (l *localInstance) Worker() Worker           { return localWorker{l.g} }
-func (l *localInstance) Calls() rpccount.Snapshot { return rpccount.Snapshot{} }
-func (l *localInstance) Close() error             { return l.g.Close() }
-func (l *localInstance) Waits() uint64            { return l.g.Stats().SequenceExhausted }
+func (l *localInstance) Worker() Worker { return localWorker{l.g} }
+func (l *localInstance) Calls() Calls   { return Calls{} }
+func (l *localInstance) Close() error   { return l.g.Close() }
+func (l *localInstance) Waits() uint64  { return l.g.Stats().SequenceExhausted }
 
 type localWorker struct{ g *snowflake.Generator }
 
@@ -175,9 +187,9 @@ func UUIDv7() Strategy {
 
 type uuidInstance struct{}
 
-func (uuidInstance) Worker() Worker           { return uuidWorker{} }
-func (uuidInstance) Calls() rpccount.Snapshot { return rpccount.Snapshot{} }
-func (uuidInstance) Close() error             { return nil }
+func (uuidInstance) Worker() Worker { return uuidWorker{} }
+func (uuidInstance) Calls() Calls   { return Calls{} }
+func (uuidInstance) Close() error   { return nil }
 
 type uuidWorker struct{}
 
@@ -269,10 +281,10 @@ type bufferedInstance struct {
 	cnt *rpccount.Counter
 }
 
-func (b *bufferedInstance) Worker() Worker           { return bufferedWorker{b.c} }
-func (b *bufferedInstance) Calls() rpccount.Snapshot { return b.cnt.Snapshot() }
-func (b *bufferedInstance) Close() error             { return b.c.Close() }
-func (b *bufferedInstance) Waits() uint64            { return b.c.Stats().Stalls }
+func (b *bufferedInstance) Worker() Worker { return bufferedWorker{b.c} }
+func (b *bufferedInstance) Calls() Calls   { return callsOf(b.cnt) }
+func (b *bufferedInstance) Close() error   { return b.c.Close() }
+func (b *bufferedInstance) Waits() uint64  { return b.c.Stats().Stalls }
 
 type bufferedWorker struct{ c *rangeclient.Client }
 
@@ -308,8 +320,8 @@ type perIDInstance struct {
 	stop func() error
 }
 
-func (p *perIDInstance) Worker() Worker           { return perIDWorker{p.c} }
-func (p *perIDInstance) Calls() rpccount.Snapshot { return p.cnt.Snapshot() }
+func (p *perIDInstance) Worker() Worker { return perIDWorker{p.c} }
+func (p *perIDInstance) Calls() Calls   { return callsOf(p.cnt) }
 func (p *perIDInstance) Close() error {
 	err := p.stop()
 	if cerr := p.cc.Close(); err == nil {
@@ -391,8 +403,8 @@ func (s *segmentInstance) renew() {
 	}
 }
 
-func (s *segmentInstance) Worker() Worker           { return segmentWorker{s} }
-func (s *segmentInstance) Calls() rpccount.Snapshot { return s.cnt.Snapshot() }
+func (s *segmentInstance) Worker() Worker { return segmentWorker{s} }
+func (s *segmentInstance) Calls() Calls   { return callsOf(s.cnt) }
 func (s *segmentInstance) Close() error {
 	var err error
 	s.once.Do(func() {

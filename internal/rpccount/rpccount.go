@@ -34,21 +34,6 @@ type Snapshot struct {
 	ByMethod  map[string]uint64 `json:"by_method,omitempty"`
 }
 
-// Sub is s - o, per field (for the calls of one phase).
-func (s Snapshot) Sub(o Snapshot) Snapshot {
-	d := Snapshot{Calls: s.Calls - o.Calls, Failed: s.Failed - o.Failed,
-		SentBytes: s.SentBytes - o.SentBytes, RecvBytes: s.RecvBytes - o.RecvBytes}
-	for m, n := range s.ByMethod {
-		if v := n - o.ByMethod[m]; v > 0 {
-			if d.ByMethod == nil {
-				d.ByMethod = map[string]uint64{}
-			}
-			d.ByMethod[m] = v
-		}
-	}
-	return d
-}
-
 // Snapshot reads the counter.
 func (c *Counter) Snapshot() Snapshot {
 	s := Snapshot{Calls: c.calls.Load(), Failed: c.failed.Load(), SentBytes: c.sentBytes.Load(), RecvBytes: c.recvBytes.Load()}
