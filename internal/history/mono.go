@@ -11,8 +11,7 @@ import (
 // Now is the host's CLOCK_MONOTONIC in nanoseconds: one time base shared by
 // every process on the machine (unlike Go's monotonic readings, which are
 // relative to each process), never stepped, and independent of the clocks
-// the suite fakes (the service's --fault-clock-file offset, a client's
-// Config.Clock). Every time in a history is on this base, so the test
+// the suite fakes (the service's --fault-clock-file offset). Every time in a history is on this base, so the test
 // process can compare a fault it injected with what each minter did.
 //
 // It reads the kernel clock once and then follows Go's monotonic clock,
