@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -568,21 +569,6 @@ func (s *Store) forget(region, worker int) {
 	delete(s.cache, [2]int{region, worker})
 }
 
-// sleep waits for d or until ctx is done, and returns ctx.Err() then.
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
 // Allocate grants a block of up to n L units on l's code. The block is
 // computed by Policy.Plan from the code's HWM and the service clock, and is
 // returned only after the transaction raising the HWM to its Hi committed,
@@ -705,7 +691,7 @@ func (s *Store) allocate(ctx context.Context, l Lease, n int) (Block, error) {
 			// Only another replica's contention signal failed us: yield a
 			// random one to two round trips so it gets through (if both
 			// signalled, the shorter wait wins), then go again.
-			if err := sleep(ctx, rtt+rand.N(rtt+time.Millisecond)); err != nil {
+			if err := clock.Sleep(ctx, rtt+rand.N(rtt+time.Millisecond)); err != nil {
 				return Block{}, unavailable(err, "allocate region %d worker %d: yielding to a contending replica", l.Region, l.Worker)
 			}
 			needRead = true // the HWM has most likely moved while we slept

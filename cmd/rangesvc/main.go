@@ -17,9 +17,6 @@ package main
 import (
 	"context"
 	"io"
-	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/idrange/idrange/internal/cli"
 )
@@ -36,12 +33,7 @@ var commands = map[string]cli.Command{
 	"bench":   {Summary: "fleet load test: regions x workers at a target rate (rangesvc-bench)", Run: forward("bench")},
 }
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(code)
-}
+func main() { cli.Main(prog, commands) }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return cli.Run(ctx, prog, commands, args, stdout, stderr)

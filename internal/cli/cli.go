@@ -12,8 +12,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"os/signal"
 	"sort"
 	"strings"
+	"syscall"
 )
 
 // Exit codes shared by every subcommand.
@@ -49,6 +52,15 @@ var ErrHelp = errors.New("help requested")
 type Command struct {
 	Summary string
 	Run     func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+// Main runs the command named by os.Args[1] with a context cancelled on
+// SIGINT or SIGTERM, and exits with Run's status. It is a binary's main.
+func Main(prog string, cmds map[string]Command) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := Run(ctx, prog, cmds, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }
 
 // Run runs the subcommand args[0] of program prog from cmds and returns the
