@@ -3,6 +3,7 @@ package rangeclient
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -358,34 +359,7 @@ func TestDesignCase5FleetInOneMillisecond(t *testing.T) {
 		close(start)
 		wg.Wait()
 
-		var all []snowflake.ID
-		for r, cs := range clients {
-			workers := map[int]bool{}
-			for i, c := range cs {
-				li := c.Lease().Lease
-				if li.Region != r || li.Worker < 0 || li.Worker > snowflake.MaxWorker || workers[li.Worker] {
-					t.Fatalf("region %d client %d leased %+v (duplicate or out of range)", r, i, li)
-				}
-				workers[li.Worker] = true
-				for _, id := range out[r*perRegion+i] {
-					p, err := snowflake.Decode(id)
-					switch {
-					case err != nil:
-						t.Fatalf("ID %d: %v", id, err)
-					case p.Region != r || p.Worker != li.Worker:
-						t.Fatalf("ID %d decodes to %d/%d, leased %d/%d", id, p.Region, p.Worker, r, li.Worker)
-					case p.Ms != ms:
-						t.Fatalf("ID %d has ms %d, the fleet minted in ms %d", id, p.Ms, ms)
-					case p.Sequence < 0 || p.Sequence > snowflake.MaxSequence:
-						t.Fatalf("ID %d sequence %d", id, p.Sequence)
-					}
-				}
-				all = append(all, out[r*perRegion+i]...)
-			}
-		}
-		if len(all) != regions*perRegion*perClient {
-			t.Fatalf("%d IDs, want %d", len(all), regions*perRegion*perClient)
-		}
-		checkUnique(t, all)
+		checkFleet(t, clients, out, regions*perRegion*perClient,
+			func(m int64) bool { return m == ms }, fmt.Sprintf("the fleet's one ms %d", ms))
 	})
 }

@@ -78,3 +78,42 @@ func mustNext(t testing.TB, c *Client) snowflake.ID {
 	}
 	return id
 }
+
+// checkFleet checks the IDs out[r*perRegion+i] that client clients[r][i]
+// minted (docs/design.md case 5): every client leased a distinct in-range
+// code of its region, each ID decodes to that code with an in-range
+// sequence and a millisecond msOK accepts (msOK describes the expected
+// range for the message), there are want IDs, and no two are equal.
+func checkFleet(t *testing.T, clients [][]*Client, out [][]snowflake.ID, want int, msOK func(ms int64) bool, msWant string) {
+	t.Helper()
+	perRegion := len(clients[0])
+	var all []snowflake.ID
+	for r, cs := range clients {
+		workers := map[int]bool{}
+		for i, c := range cs {
+			li := c.Lease().Lease
+			if li.Region != r || li.Worker < 0 || li.Worker > snowflake.MaxWorker || workers[li.Worker] {
+				t.Fatalf("region %d client %d leased %+v (duplicate or out of range)", r, i, li)
+			}
+			workers[li.Worker] = true
+			for _, id := range out[r*perRegion+i] {
+				p, err := snowflake.Decode(id)
+				switch {
+				case err != nil:
+					t.Fatalf("ID %d: %v", id, err)
+				case p.Region != r || p.Worker != li.Worker:
+					t.Fatalf("ID %d decodes to %d/%d, leased %d/%d", id, p.Region, p.Worker, r, li.Worker)
+				case !msOK(p.Ms):
+					t.Fatalf("ID %d has ms %d, want %s", id, p.Ms, msWant)
+				case p.Sequence < 0 || p.Sequence > snowflake.MaxSequence:
+					t.Fatalf("ID %d sequence %d", id, p.Sequence)
+				}
+			}
+			all = append(all, out[r*perRegion+i]...)
+		}
+	}
+	if len(all) != want {
+		t.Fatalf("%d IDs, want %d", len(all), want)
+	}
+	checkUnique(t, all)
+}
