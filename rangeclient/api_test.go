@@ -163,7 +163,10 @@ func TestCloseWakesWaiters(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		svc := fakeService(30 * time.Second)
 		conn := svc.Conn()
-		c := newTestClient(t, conn, func(cfg *Config) { cfg.RefillInterval = 10 * time.Millisecond })
+		c := newTestClient(t, conn, func(cfg *Config) {
+			cfg.RefillInterval = 10 * time.Millisecond
+			cfg.MaxReserve = -1 // no reserve: the buffers run dry in 20 ms
+		})
 		conn.SetFault(rangeclienttest.Blackhole)
 		time.Sleep(100 * time.Millisecond)
 		done := make(chan error)

@@ -26,7 +26,8 @@ type block struct {
 	base int64 // region<<20 | worker<<12, or'ed into every ID
 	// offset turns a local monotonic reading into the service's time:
 	// service ns since the epoch = now + offset (ServiceTime at grant +
-	// local time elapsed since the reply arrived).
+	// local time elapsed since the reply arrived; for a merged block, since
+	// the request was sent: see merge).
 	offset int64
 	// validUntil is the local monotonic instant the block stops being
 	// usable: the sent time of the request plus (ValidUntil - ServiceTime).
@@ -64,6 +65,36 @@ func newBlock(sb segment.Block, l *leaseState, sent, arrive int64) *block {
 	}
 	b.cursor.Store(sb.Lo - 1)
 	return b
+}
+
+// merge returns one block for a, followed by the contiguous grant b, or nil
+// when they cannot be one: b must follow a exactly ([a.lo, a.hi) then
+// [a.hi, b.hi)) under the same lease, and a must not have minted yet (only
+// the buffered next block is ever merged; the hot path mints from the
+// current one).
+//
+// The merged block is valid until b's validity ends, and its time floor
+// runs on the send-time offset (ServiceTime - sent) of whichever grant is
+// later: that reading of the service clock is never behind either grant's
+// own, so the floor passes a.hi no later than a's validity ends, and no
+// position of a is handed out after a itself would have stopped.
+func merge(a, b *block) *block {
+	if a == nil || b == nil || a.lease != b.lease || a.hi != b.lo || a.seg.Hi != b.seg.Lo ||
+		a.cursor.Load() != a.lo-1 || a.skipped.Load() != 0 {
+		return nil
+	}
+	sb := b.seg
+	sb.Lo = a.seg.Lo
+	m := newBlock(sb, b.lease, b.sent, b.arrive)
+	m.offset = max(sendOffset(a), sendOffset(b))
+	m.validUntil = max(a.validUntil, b.validUntil)
+	return m
+}
+
+// sendOffset is the service clock offset of b measured from the request's
+// send time: ahead of (never behind) the reading offset gives.
+func sendOffset(b *block) int64 {
+	return max(b.offset, b.seg.ServiceTime.Sub(snowflake.Epoch).Nanoseconds()-b.sent)
 }
 
 // floorL is the first linear position of the service millisecond at local

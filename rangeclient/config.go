@@ -92,6 +92,18 @@ type Config struct {
 	// The client starts earlier when its observed rate and refill latency say
 	// the threshold is too late: see the package doc.
 	PrefetchThreshold float64
+	// MaxReserve caps the reserve: how far ahead of the clock the client
+	// keeps granted span. By default (0) the reserve reaches one renewal
+	// period and four refill latencies past the lease's safety deadline, so
+	// an outage of the service or etcd shorter than the safe interval costs
+	// no minting at all; the price is that the code's high-water mark runs
+	// that far ahead of the clock (about TTL - SafetyMargin + RenewPeriod:
+	// 13 s with the defaults), so a successor of a crashed client mints
+	// timestamps up to that far ahead (package doc, "Reserve"). A positive
+	// value keeps the reserve (and that lead) at most this long; a negative
+	// value turns it off: blocks are then fetched only as the current one
+	// runs low, as PrefetchThreshold says.
+	MaxReserve time.Duration
 	// IdleTimeout: when no ID has been minted for this long the client stops
 	// refreshing blocks, so an idle client does not keep advancing its code's
 	// high-water mark; the next Next then waits for one refill (a counted

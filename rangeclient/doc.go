@@ -67,6 +67,35 @@
 // renewed, so it keeps its code), and the next Next waits for one refill, a
 // counted stall.
 //
+// # Reserve
+//
+// Etcd leader elections are routine and each stops grants and renewals for
+// a second or two; a longer quorum loss stops them until it ends. The
+// client rides through any such outage shorter than its safe interval: it
+// keeps granted span (its reserve) reaching past its own safety deadline,
+//
+//	reserve target = safety deadline + renewal period + 4 * refill latency
+//
+// (capped by MaxReserve), so the deadline, not the buffer, decides when it
+// stops. The renewal period is there because a renewal moves the deadline
+// by up to that much at once. Blocks that extend the reserve start at the
+// code's high-water mark, right after the buffered span, and are merged
+// into the buffered next block. Each request extends the reserve by what
+// it lacks plus one RefillInterval, so at steady state a client asks for a
+// block about once per renewal period (3 s with the defaults) instead of
+// once per RefillInterval: fewer etcd writes than without the reserve.
+//
+// The cost is the lead of the code's high-water mark over the clock: about
+// TTL - SafetyMargin + renewal period + RefillInterval (13 s with the
+// service's 10 s TTL and the client defaults), inside the service's
+// MaxLead (15 s). A client that crashes leaves its code's HWM that far
+// ahead, so the next owner of the code mints timestamps up to that far in
+// the future for that long (uniqueness is not affected). Set MaxReserve to
+// keep the lead shorter (riding through shorter outages only), or negative
+// to turn the reserve off. A service with a shorter MaxLead answers the
+// reserve with backpressure once; the client then keeps its reserve a
+// RefillInterval inside what the service allowed.
+//
 // # More than 4,096 IDs per millisecond
 //
 // One code holds 4,096 IDs per millisecond. A client that wants more runs

@@ -145,7 +145,15 @@ func TestFencedReplyStopsMintingAtOnce(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				svc := fakeService(10 * time.Second)
 				connA := svc.Conn()
-				a := newTestClient(t, connA, func(cfg *Config) { cfg.RefillInterval = 5 * time.Second })
+				a := newTestClient(t, connA, func(cfg *Config) {
+					cfg.RefillInterval = 5 * time.Second
+					if during == rangeclienttest.Allocate {
+						// With the reserve A would ask for no block before its
+						// deadline (renewals fail here); without it a grant
+						// comes within a block's life and carries the fence.
+						cfg.MaxReserve = -1
+					}
+				})
 				codeA := a.Lease().Lease
 				mustNext(t, a)
 

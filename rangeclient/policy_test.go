@@ -48,19 +48,22 @@ func TestBlockCountPolicy(t *testing.T) {
 // well before the current one ends.
 func TestSteadyStateHasNoStalls(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		burst int
-		for_  time.Duration
+		name    string
+		burst   int
+		for_    time.Duration
+		reserve time.Duration // Config.MaxReserve
 	}{
-		{"1 per ms", 1, 10 * time.Second},
-		{"3000 per ms", 3000, 4 * time.Second},
+		{"1 per ms", 1, 10 * time.Second, -1},
+		{"3000 per ms", 3000, 4 * time.Second, -1},
+		{"1 per ms with reserve", 1, 10 * time.Second, 0},
+		{"3000 per ms with reserve", 3000, 4 * time.Second, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				svc := fakeService(10 * time.Second)
 				conn := svc.Conn()
 				conn.SetDelay(20 * time.Millisecond)
-				c := newTestClient(t, conn, nil)
+				c := newTestClient(t, conn, func(cfg *Config) { cfg.MaxReserve = tc.reserve })
 				buf := make([]snowflake.ID, 0, tc.burst)
 				var last snowflake.ID
 				ctx := context.Background()
@@ -88,7 +91,10 @@ func TestSteadyStateHasNoStalls(t *testing.T) {
 				if s.Stalls != 0 {
 					t.Fatalf("%d stalls at steady state (%+v)", s.Stalls, s)
 				}
-				if min := uint64(tc.for_/time.Second) - 1; s.Refills < min {
+				// Without the reserve a block lasts one RefillInterval; with it
+				// blocks are larger (they extend the reserve by a renewal
+				// period) and fewer.
+				if min := uint64(tc.for_/time.Second) - 1; tc.reserve < 0 && s.Refills < min {
 					t.Fatalf("%d refills in %v; want >= %d (one per RefillInterval)", s.Refills, tc.for_, min)
 				}
 				if s.Backpressure != 0 || s.RefillErrors != 0 {
@@ -243,7 +249,10 @@ func TestEmptyBuffersWaitThenUnavailable(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		svc := fakeService(30 * time.Second)
 		conn := svc.Conn()
-		c := newTestClient(t, conn, func(cfg *Config) { cfg.RefillInterval = 100 * time.Millisecond })
+		c := newTestClient(t, conn, func(cfg *Config) {
+			cfg.RefillInterval = 100 * time.Millisecond
+			cfg.MaxReserve = -1 // no reserve: TestReserve* covers the reserve
+		})
 		conn.SetFault(rangeclienttest.Blackhole)
 		time.Sleep(time.Second) // both 100 ms blocks are over
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)

@@ -35,6 +35,12 @@ type policy struct {
 	rate    atomic.Uint64 // float64 bits: IDs per second, EWMA over RefillInterval
 	latency atomic.Int64  // refill latency EWMA, ns
 	count   atomic.Int64  // block size the next request asks for
+
+	// maxAhead is how far ahead of the clock the service let the reserve
+	// run before it answered with backpressure (its MaxLead, as seen from
+	// here); 0 until that happens. The reserve stays a RefillInterval
+	// inside it, so a client never polls a service that has said no.
+	maxAhead int64
 }
 
 func (p *policy) init(c *Client, now int64) {
@@ -128,41 +134,86 @@ func (c *Client) kickAt(b *block) int64 {
 	return b.hi - int64(min(ids, n))
 }
 
-// plan decides whether to request a block now, and otherwise how long the
-// refill loop may sleep. It also retires blocks whose time has passed.
-func (c *Client) plan(now int64) (ch <-chan struct{}, fetch bool, wait time.Duration) {
+// reserveTarget is the local instant the client's granted span should
+// reach at now: the lease's safety deadline plus one renewal period (a
+// renewal moves the deadline by up to that much at once) plus
+// latencyFactor refill latencies, capped by MaxReserve and by what the
+// service allows (maxAhead). Zero when the reserve is off.
+func (c *Client) reserveTarget(l *leaseState, now int64) int64 {
+	if c.cfg.MaxReserve < 0 {
+		return 0
+	}
+	t := l.deadline.Load() + l.period + latencyFactor*c.pol.latency.Load()
+	if c.cfg.MaxReserve > 0 {
+		t = min(t, now+int64(c.cfg.MaxReserve))
+	}
+	if a := c.pol.maxAhead; a > 0 {
+		t = min(t, now+a-int64(c.cfg.RefillInterval))
+	}
+	return t
+}
+
+// reserveCount is the request size that brings the granted span from
+// horizon (the local instant the buffered blocks run out) to target, plus
+// one RefillInterval so the next reserve request comes a RefillInterval
+// later rather than at once; 0 when the reserve already reaches target.
+func (c *Client) reserveCount(horizon, target int64) int {
+	if target <= horizon {
+		return 0
+	}
+	span := time.Duration(target-horizon) + c.cfg.RefillInterval
+	n := float64(span) / float64(time.Millisecond) * perMsCapacity
+	return int(min(max(n, float64(c.cfg.MinBlock)), float64(c.cfg.MaxBlock)))
+}
+
+// plan decides whether to request a block now and of what size, and
+// otherwise how long the refill loop may sleep. It also retires blocks
+// whose time has passed.
+func (c *Client) plan(now int64) (ch <-chan struct{}, n int, wait time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ch = c.waitCh
 	wait = c.pol.maxSleep
 	if c.closed.Load() {
-		return ch, false, time.Hour
+		return ch, 0, time.Hour
 	}
 	c.normalizeLocked(now)
 	l := c.lease.Load()
 	if l.err(now) != nil {
-		return ch, false, wait // the lease loop broadcasts a new lease
+		return ch, 0, wait // the lease loop broadcasts a new lease
 	}
+	count := int(c.pol.count.Load())
 	cur, nx := c.cur.Load(), c.next.Load()
 	idle := c.idle(now)
 	switch {
 	case cur == nil:
-		return ch, !idle || c.waiters.Load() > 0, wait
-	case nx == nil:
-		if cur.kicked.Load() {
-			return ch, true, wait
+		if !idle || c.waiters.Load() > 0 {
+			return ch, max(count, c.reserveCount(now, c.reserveTarget(l, now))), wait
 		}
-		if idle {
-			return ch, false, wait
-		}
-		left, lead := c.timeLeft(cur, now), c.lead(cur)
-		if left <= lead {
-			return ch, true, wait
-		}
-		return ch, false, min(wait, time.Duration(left-lead))
-	default:
-		return ch, false, min(wait, time.Duration(max(cur.validUntil-now, 0)))
+		return ch, 0, wait
+	case nx == nil && cur.kicked.Load():
+		return ch, count, wait
+	case idle:
+		return ch, 0, wait
 	}
+	// The reserve: granted span up to reserveTarget, so an outage shorter
+	// than the safe interval costs nothing. A block that extends the
+	// buffered next one is merged into it (install).
+	horizon := cur.validUntil
+	if nx != nil {
+		horizon = max(horizon, nx.validUntil)
+	}
+	if r := c.reserveCount(horizon, c.reserveTarget(l, now)); r > 0 {
+		return ch, max(r, count), wait
+	}
+	if nx != nil {
+		return ch, 0, min(wait, time.Duration(max(cur.validUntil-now, 0)))
+	}
+	left, lead := c.timeLeft(cur, now), c.lead(cur)
+	if left <= lead {
+		return ch, count, wait
+	}
+	return ch, 0, min(wait, time.Duration(left-lead))
 }
 
 // refillLoop keeps the double buffer filled until Close.
@@ -185,15 +236,15 @@ func (c *Client) refillLoop() {
 	}
 	for c.ctx.Err() == nil {
 		now := c.sample()
-		ch, fetch, wait := c.plan(now)
-		if !fetch {
+		ch, n, wait := c.plan(now)
+		if n == 0 {
 			if !sleep(wait, ch) {
 				return
 			}
 			continue
 		}
 		l := c.lease.Load()
-		err := c.refillOnce(l)
+		err := c.refillOnce(l, n)
 		var bp *segment.Backpressure
 		switch {
 		case err == nil:
@@ -207,6 +258,7 @@ func (c *Client) refillLoop() {
 			continue
 		case errors.As(err, &bp):
 			c.stats.backpressure.Add(1)
+			c.learnMaxAhead()
 			c.setRefillErr(err)
 			d := min(max(bp.RetryAfter, time.Millisecond), c.cfg.BackoffMax)
 			c.log.Debug("rangeclient: service applies backpressure", "retry_after", bp.RetryAfter)
@@ -236,9 +288,26 @@ func (c *Client) setRefillErr(err error) {
 	}
 }
 
-// refillOnce requests one block under l and installs it.
-func (c *Client) refillOnce(l *leaseState) error {
-	n := int(c.pol.count.Load())
+// learnMaxAhead records, after a backpressure answer, how far ahead of the
+// clock the buffered span reached: the service's lead limit as seen from
+// here. The reserve stays inside it from then on (reserveTarget).
+func (c *Client) learnMaxAhead() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.now()
+	var horizon int64
+	for _, b := range []*block{c.cur.Load(), c.next.Load()} {
+		if b != nil {
+			horizon = max(horizon, b.validUntil)
+		}
+	}
+	if ahead := horizon - now; ahead > int64(c.cfg.RefillInterval) {
+		c.pol.maxAhead = ahead
+	}
+}
+
+// refillOnce requests one block of n units under l and installs it.
+func (c *Client) refillOnce(l *leaseState, n int) error {
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.RPCTimeout)
 	sent := c.now()
 	sb, err := c.alloc.Allocate(ctx, l.seg, n)
@@ -288,7 +357,12 @@ func (c *Client) install(b *block) bool {
 	case c.next.Load() == nil:
 		c.next.Store(b)
 	default:
-		return false
+		m := merge(c.next.Load(), b)
+		if m == nil {
+			return false
+		}
+		m.kickAt = c.kickAt(m)
+		c.next.Store(m)
 	}
 	c.broadcastLocked()
 	return true
