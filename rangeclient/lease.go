@@ -149,7 +149,7 @@ func (c *Client) acquire(ctx context.Context) (*leaseState, error) {
 		bad = fmt.Errorf("Config.RenewPeriod %v must be positive and below TTL %v - SafetyMargin %v: %w", period, sl.TTL, c.cfg.SafetyMargin, ErrInvalidConfig)
 	}
 	if bad != nil {
-		c.releaseQuietly(sl)
+		c.releaseQuietly(c.ctx, sl)
 		return nil, fmt.Errorf("rangeclient: unusable lease: %w", bad)
 	}
 	c.stats.acquisitions.Add(1)
@@ -158,9 +158,10 @@ func (c *Client) acquire(ctx context.Context) (*leaseState, error) {
 	return newLeaseState(sl, sent, c.cfg.SafetyMargin, period), nil
 }
 
-// releaseQuietly gives a lease back, best effort (the TTL ends it anyway).
-func (c *Client) releaseQuietly(sl segment.Lease) error {
-	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
+// releaseQuietly gives a lease back, best effort (the TTL ends it anyway),
+// within RPCTimeout and until parent ends.
+func (c *Client) releaseQuietly(parent context.Context, sl segment.Lease) error {
+	ctx, cancel := context.WithTimeout(parent, c.cfg.RPCTimeout)
 	defer cancel()
 	err := c.alloc.Release(ctx, sl)
 	if err != nil {
@@ -211,15 +212,15 @@ func (c *Client) leaseLoop(l *leaseState) {
 			continue
 		}
 		// The lease is dead: give it back if it may still exist, then take
-		// a fresh one. Next fails with the lease's error meanwhile.
+		// a fresh one. Next waits meanwhile, within its context.
 		if p := l.why.Load(); p != nil && !errors.Is(*p, ErrFenced) && !errors.Is(*p, ErrClosed) {
-			c.releaseQuietly(l.seg)
+			c.releaseQuietly(c.ctx, l.seg) // Close cancels it: Close stays bounded
 		}
 		for c.ctx.Err() == nil {
 			nl, err := c.acquire(c.ctx)
 			if err == nil {
 				if !c.installLease(nl) {
-					c.releaseQuietly(nl.seg)
+					c.releaseQuietly(context.Background(), nl.seg) // closing: acquired too late
 					return
 				}
 				l = nl
