@@ -204,11 +204,13 @@ func (c *Client) fresh(b *block, now int64) bool {
 // compare-and-swap on the current block, with no lock, no allocation and
 // no network call.
 //
-// It fails at once with ErrLeaseLost when the lease is past its safety
-// deadline, with ErrFenced after the service fenced the lease, and with
-// ErrClosed after Close, all without a network call. When both buffered
-// blocks are used up it waits for the refill until ctx is done and then
-// returns ErrUnavailable (retryable). Above 4,096 IDs/ms the client runs
+// It never mints under a lease past its safety deadline or fenced by the
+// service; it then waits, within ctx, for the client to acquire a new
+// lease by itself, as it waits for a refill when both buffered blocks are
+// used up. If ctx ends first it returns ErrUnavailable (retryable), which
+// wraps the cause: ErrLeaseLost, ErrFenced or the last refill error, and
+// ctx's error. A ctx without deadline waits until recovery or Close. After
+// Close it fails at once with ErrClosed. Above 4,096 IDs/ms the client runs
 // ahead of time until the service's bounded lead applies backpressure; Next
 // then waits (within ctx) for the service to grant again.
 func (c *Client) Next(ctx context.Context) (snowflake.ID, error) {
@@ -275,9 +277,10 @@ func (c *Client) reserve(ctx context.Context, n int64) (*block, int64, int64, er
 	return c.reserveSlow(ctx, n)
 }
 
-// reserveSlow is the path off the fast one: it reports lease errors at
-// once, promotes the prefetched block when the current one is finished, and
-// otherwise waits for a refill within ctx.
+// reserveSlow is the path off the fast one: it promotes the prefetched
+// block when the current one is finished, and otherwise waits within ctx
+// for a refill or, when the lease is lost or fenced, for the lease loop to
+// acquire a new one. It never mints under a lease past its deadline.
 func (c *Client) reserveSlow(ctx context.Context, n int64) (*block, int64, int64, error) {
 	waiting := false
 	defer func() {
@@ -285,6 +288,19 @@ func (c *Client) reserveSlow(ctx context.Context, n int64) (*block, int64, int64
 			c.waiters.Add(-1)
 		}
 	}()
+	wait := func(ch <-chan struct{}) error {
+		if !waiting {
+			waiting = true
+			c.waiters.Add(1)
+			c.stats.stalls.Add(1)
+		}
+		select {
+		case <-ch:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	for {
 		ch, rerr := c.waitState()
 		if c.closed.Load() {
@@ -293,7 +309,14 @@ func (c *Client) reserveSlow(ctx context.Context, n int64) (*block, int64, int64
 		l := c.lease.Load()
 		now := c.now()
 		if err := l.err(now); err != nil {
-			return nil, 0, 0, err
+			if errors.Is(err, ErrClosed) {
+				return nil, 0, 0, err
+			}
+			// The lease loop replaces a lost or fenced lease by itself.
+			if cerr := wait(ch); cerr != nil {
+				return nil, 0, 0, mark(fmt.Errorf("rangeclient: no usable lease: %w", join(cerr, err)), ErrUnavailable)
+			}
+			continue
 		}
 		if b := c.cur.Load(); b != nil {
 			if b.lease == l && c.fresh(b, now) {
@@ -310,17 +333,10 @@ func (c *Client) reserveSlow(ctx context.Context, n int64) (*block, int64, int64
 		if rerr != nil && isFinalRefillError(rerr) {
 			return nil, 0, 0, fmt.Errorf("rangeclient: no block buffered and the service refuses to grant one: %w", rerr)
 		}
-		if !waiting {
-			waiting = true
-			c.waiters.Add(1)
-			c.stats.stalls.Add(1)
-		}
 		c.kickRefill()
-		select {
-		case <-ch:
-		case <-ctx.Done():
+		if cerr := wait(ch); cerr != nil {
 			_, rerr = c.waitState()
-			return nil, 0, 0, unavailable(ctx.Err(), rerr)
+			return nil, 0, 0, unavailable(cerr, rerr)
 		}
 	}
 }
@@ -420,10 +436,11 @@ func (c *Client) dropLeaseBlocksLocked(l *leaseState) {
 	}
 }
 
-// Close stops minting at once, stops the background loops, gives the lease
-// back (best effort: it expires by its TTL anyway) and unregisters the
-// metrics. Later calls return ErrClosed; Close is idempotent and returns
-// the first call's result.
+// Close stops minting at once, stops the background loops (cancelling
+// their calls), gives the lease back (best effort, within RPCTimeout: it
+// expires by its TTL anyway) and unregisters the metrics. It returns within
+// about RPCTimeout whatever the network does. Later calls return
+// ErrClosed; Close is idempotent and returns the first call's result.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() { c.closeErr = c.close() })
 	return c.closeErr
@@ -447,7 +464,7 @@ func (c *Client) close() error {
 
 	var errs []error
 	if alive {
-		if err := c.releaseQuietly(l.seg); err != nil {
+		if err := c.releaseQuietly(context.Background(), l.seg); err != nil {
 			errs = append(errs, fmt.Errorf("rangeclient: release lease: %w", err))
 		}
 	}

@@ -86,7 +86,7 @@ func TestMintsUntilTheSafetyDeadlineOnly(t *testing.T) {
 			time.Sleep(time.Until(deadline) - 150*time.Millisecond)
 			minted := 0
 			for time.Now().Before(deadline.Add(3 * time.Second)) {
-				_, err := c.Next(context.Background())
+				_, err := c.Next(expiredCtx())
 				switch {
 				case err == nil && !time.Now().Before(deadline):
 					t.Fatalf("fault %v: minted %v after the safety deadline", fault, time.Since(deadline))
@@ -149,7 +149,7 @@ func TestDesignCase4PausedOwnerIsFenced(t *testing.T) {
 		// for are still held: the local deadline alone must stop it.
 		for range 3 {
 			before := time.Now()
-			id, err := a.Next(context.Background())
+			id, err := a.Next(expiredCtx())
 			if err == nil {
 				t.Fatalf("resumed A minted %d (%+v) %v after its safety deadline", id, id.Parts(), time.Since(deadlineA))
 			}
@@ -161,7 +161,7 @@ func TestDesignCase4PausedOwnerIsFenced(t *testing.T) {
 		// "renewed"): A must not use its old lease again.
 		connA.SetFault(rangeclienttest.Healthy)
 		for range 50 {
-			id, err := a.Next(context.Background())
+			id, err := a.Next(expiredCtx())
 			if err == nil {
 				idsA = append(idsA, id)
 				if g, ok := rangeclienttest.Index(svc.Grants()).Find(id); !ok || g.Token == leaseA.Token {
@@ -225,7 +225,7 @@ func TestDesignCase4PausedOwnerMintsNothingStale(t *testing.T) {
 		connA.SetFault(rangeclienttest.Healthy)
 		stale := 0
 		for range 3000 {
-			id, err := a.Next(context.Background())
+			id, err := a.Next(expiredCtx())
 			if err != nil {
 				if !errors.Is(err, ErrFenced) && !errors.Is(err, ErrLeaseLost) {
 					t.Fatalf("A after the pause: %v", err)
@@ -281,7 +281,7 @@ func TestDesignCase6ServiceIsolated(t *testing.T) {
 		lost := make([]bool, n)
 		for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
 			for i, c := range clients {
-				id, err := c.Next(context.Background())
+				id, err := c.Next(expiredCtx())
 				switch {
 				case err == nil && !time.Now().Before(deadlines[i]):
 					t.Fatalf("client %d minted %v after its safety deadline", i, time.Since(deadlines[i]))

@@ -23,6 +23,16 @@ func markedCtx() context.Context {
 	return context.WithValue(context.Background(), ctxMarker{}, true)
 }
 
+// expiredCtx is a markedCtx that is already cancelled: Next returns at once
+// with the error it would otherwise wait out (a lost or fenced lease, no
+// block), so a test can check that error without waiting for the client's
+// own recovery.
+func expiredCtx() context.Context {
+	ctx, cancel := context.WithCancel(markedCtx())
+	cancel()
+	return ctx
+}
+
 func forbidCallerContext(t *testing.T, conn *rangeclienttest.Conn) {
 	conn.SetHook(func(ctx context.Context, m rangeclienttest.Method) error {
 		if ctx.Value(ctxMarker{}) != nil {
@@ -81,7 +91,7 @@ func TestLeaseLossFailsClosedAndRecovers(t *testing.T) {
 		// At the deadline: fail at once, no waiting, no network call.
 		for range 3 {
 			before, calls := time.Now(), conn.TotalCalls()
-			id, err := c.Next(markedCtx())
+			id, err := c.Next(expiredCtx())
 			if err == nil {
 				t.Fatalf("Next at the safety deadline returned %d (%+v)", id, id.Parts())
 			}
@@ -94,7 +104,7 @@ func TestLeaseLossFailsClosedAndRecovers(t *testing.T) {
 			if n := conn.TotalCalls(); n != calls {
 				t.Logf("background loop made %d calls meanwhile", n-calls)
 			}
-			if _, err := c.NextN(markedCtx(), 10); !errors.Is(err, ErrLeaseLost) {
+			if _, err := c.NextN(expiredCtx(), 10); !errors.Is(err, ErrLeaseLost) {
 				t.Fatalf("NextN at the deadline: %v", err)
 			}
 			time.Sleep(700 * time.Millisecond)
@@ -176,6 +186,9 @@ func TestFencedReplyStopsMintingAtOnce(t *testing.T) {
 					}
 					return nil
 				})
+				// Let a call already past the hook (the reserve may be
+				// refilling) finish before the code changes owner.
+				synctest.Wait()
 				svc.Revoke(codeA.Worker)
 				b := newTestClient(t, svc.Conn(), nil)
 				if got := b.Lease().Lease; got.Worker != codeA.Worker || got.Token <= codeA.Token {
@@ -205,7 +218,7 @@ func TestFencedReplyStopsMintingAtOnce(t *testing.T) {
 					t.Fatalf("A stopped by its deadline (%v), not by the fenced reply", li.Err)
 				}
 				before := time.Now()
-				_, err := a.Next(markedCtx())
+				_, err := a.Next(expiredCtx())
 				if !errors.Is(err, ErrFenced) || !errors.Is(err, segment.ErrFenced) || !IsRetryable(err) {
 					t.Fatalf("Next after the fenced reply: %v; want ErrFenced", err)
 				}

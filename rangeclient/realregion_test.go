@@ -97,7 +97,7 @@ func TestRealRegionCase6ServiceDown(t *testing.T) {
 	var failedClosed bool
 	for time.Now().Before(deadline.Add(time.Second)) {
 		start := time.Now()
-		id, err := c.Next(context.Background())
+		id, err := c.Next(expiredCtx())
 		end := time.Now()
 		switch {
 		case err == nil && start.After(deadline.Add(slack)):
@@ -198,13 +198,13 @@ func TestRealRegionCase4PausedOwner(t *testing.T) {
 		idsB = append(idsB, mustNext(t, b))
 	}
 	// A resumes; its replies are still in flight.
-	if id, err := a.Next(context.Background()); err == nil || !errors.Is(err, ErrLeaseLost) {
+	if id, err := a.Next(expiredCtx()); err == nil || !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("A resumed %v after the pause: Next = %d, %v; want ErrLeaseLost", time.Since(pausedAt), id, err)
 	}
 	connA.SetFault(rangeclienttest.Healthy)
 	check := func(d time.Duration) {
 		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
-			id, err := a.Next(context.Background())
+			id, err := a.Next(expiredCtx())
 			if err == nil {
 				if id.Worker() == leaseA.Worker {
 					t.Fatalf("A minted %d on its old code %d (now B's) after resuming", id, leaseA.Worker)

@@ -2,6 +2,8 @@ package rangeclient
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -111,6 +113,106 @@ func TestReserveLead(t *testing.T) {
 				checkUnique(t, ids)
 				t.Logf("lead %d ms, %d refills in 30 s, %d backpressure", lead, s.Refills, s.Backpressure)
 			})
+		})
+	}
+}
+
+// lostLease returns a client on svc whose lease has passed its safety
+// deadline with the service unreachable (conn's fault), its deadline, and
+// conn.
+func lostLease(t *testing.T, svc *rangeclienttest.Service) (*Client, *rangeclienttest.Conn) {
+	t.Helper()
+	conn := svc.Conn()
+	c := newTestClient(t, conn, shortLease)
+	mustNext(t, c)
+	conn.SetFault(rangeclienttest.Unreachable)
+	time.Sleep(c.Lease().SafeFor + time.Millisecond)
+	if err := c.Lease().Err; !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("lease after its deadline: %v", err)
+	}
+	return c, conn
+}
+
+// Next waits within its context for the client's own recovery: across a
+// lease loss that heals in 1 s a 2 s context gets an ID; a 100 ms context
+// gets a retryable ErrUnavailable that wraps the cause (ErrLeaseLost) and
+// the context's error; a context without deadline waits until Close.
+func TestNextWaitsForRecovery(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc := fakeService(3 * time.Second)
+		c, conn := lostLease(t, svc)
+
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		_, err := c.Next(ctx)
+		switch {
+		case !errors.Is(err, ErrUnavailable) || !errors.Is(err, ErrLeaseLost) || !errors.Is(err, context.DeadlineExceeded):
+			t.Fatalf("Next with a 100 ms context: %v; want ErrUnavailable wrapping ErrLeaseLost and the deadline", err)
+		case !IsRetryable(err):
+			t.Fatalf("%v is not retryable", err)
+		case time.Since(start) != 100*time.Millisecond:
+			t.Fatalf("Next returned after %v, want its 100 ms", time.Since(start))
+		case strings.Contains(err.Error(), "\n"):
+			t.Fatalf("error spans lines: %q", err)
+		}
+
+		go func() {
+			time.Sleep(time.Second)
+			conn.SetFault(rangeclienttest.Healthy)
+		}()
+		ctx2, cancel2 := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel2()
+		id, err := c.Next(ctx2)
+		if err != nil {
+			t.Fatalf("Next with a 2 s context across a 1 s outage: %v", err)
+		}
+		checkInGrants(t, svc, []snowflake.ID{id})
+	})
+	synctest.Test(t, func(t *testing.T) {
+		svc := fakeService(3 * time.Second)
+		c, _ := lostLease(t, svc)
+		done := make(chan error)
+		go func() { _, err := c.Next(context.Background()); done <- err }()
+		time.Sleep(10 * time.Second)
+		select {
+		case err := <-done:
+			t.Fatalf("Next without deadline returned %v while the service was down", err)
+		default:
+		}
+		c.Close()
+		if err := <-done; !errors.Is(err, ErrClosed) {
+			t.Fatalf("waiting Next after Close: %v; want ErrClosed", err)
+		}
+	})
+}
+
+// Close returns within RPCTimeout whatever the network does: here every
+// call hangs until its context ends. With the lease alive Close's own
+// release may take RPCTimeout; after the lease expired Close returns at
+// once, cancelling the background loop's release.
+func TestCloseIsBounded(t *testing.T) {
+	for _, expired := range []bool{true, false} {
+		synctest.Test(t, func(t *testing.T) {
+			svc := fakeService(3 * time.Second)
+			conn := svc.Conn()
+			c := newTestClient(t, conn, shortLease)
+			mustNext(t, c)
+			conn.SetFault(rangeclienttest.Blackhole)
+			if expired {
+				time.Sleep(c.Lease().SafeFor + 10*time.Millisecond)
+			}
+			start := time.Now()
+			c.Close()
+			// An expired lease needs no release: the background one is
+			// cancelled, so no (fake) time passes at all.
+			limit := DefaultRPCTimeout
+			if expired {
+				limit = 0
+			}
+			if d := time.Since(start); d > limit {
+				t.Fatalf("Close (lease expired: %t) took %v; want <= %v", expired, d, limit)
+			}
 		})
 	}
 }
