@@ -41,6 +41,7 @@ type leaseState struct {
 
 	period    int64 // renewal period, ns
 	nextRenew int64 // local instant of the next renewal; lease loop only
+	lastErr   error // why the last renewal failed; lease loop only
 }
 
 func newLeaseState(sl segment.Lease, sent int64, margin, period time.Duration) *leaseState {
@@ -197,7 +198,7 @@ func (c *Client) leaseLoop(l *leaseState) {
 				if l.kill(l.expired) {
 					c.stats.expiries.Add(1)
 					c.log.Warn("rangeclient: safety deadline passed without a successful renewal; minting stopped",
-						"worker", l.seg.Worker, "token", l.seg.Token)
+						"worker", l.seg.Worker, "token", l.seg.Token, "cause", l.lastErr)
 					c.leaseDied(l)
 				}
 				continue
@@ -275,6 +276,7 @@ func (c *Client) renew(l *leaseState, bo *backoff) {
 		return
 	default:
 		c.stats.renewalFailures.Add(1)
+		l.lastErr = err
 		d := bo.next()
 		l.nextRenew = now + int64(d)
 		c.log.Warn("rangeclient: lease renewal failed; minting continues until the safety deadline",
