@@ -38,10 +38,15 @@ type policy struct {
 
 	// maxAhead is how far ahead of the clock the service let the reserve
 	// run before it answered with backpressure (its MaxLead, as seen from
-	// here); 0 until that happens. The reserve stays a RefillInterval
-	// inside it, so a client never polls a service that has said no.
-	maxAhead int64
+	// here, or less during a service clock rollback); 0 until that happens.
+	// The reserve stays a RefillInterval inside it until maxAheadUntil (a
+	// local instant), so a client does not poll a service that has said no,
+	// and a transient refusal does not shrink the reserve for good.
+	maxAhead, maxAheadUntil int64
 }
+
+// maxAheadMemory is how long a learnt maxAhead is kept.
+const maxAheadMemory = time.Minute
 
 func (p *policy) init(c *Client, now int64) {
 	p.lastSample = now
@@ -147,7 +152,7 @@ func (c *Client) reserveTarget(l *leaseState, now int64) int64 {
 	if c.cfg.MaxReserve > 0 {
 		t = min(t, now+int64(c.cfg.MaxReserve))
 	}
-	if a := c.pol.maxAhead; a > 0 {
+	if a := c.pol.maxAhead; a > 0 && now < c.pol.maxAheadUntil {
 		t = min(t, now+a-int64(c.cfg.RefillInterval))
 	}
 	return t
@@ -302,7 +307,7 @@ func (c *Client) learnMaxAhead() {
 		}
 	}
 	if ahead := horizon - now; ahead > int64(c.cfg.RefillInterval) {
-		c.pol.maxAhead = ahead
+		c.pol.maxAhead, c.pol.maxAheadUntil = ahead, now+int64(maxAheadMemory)
 	}
 }
 
