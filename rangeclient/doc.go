@@ -113,14 +113,16 @@
 // TTL minus SafetyMargin. Counting from the send, not from the reply, means
 // a reply delayed by a pause or a slow network can never stretch the
 // deadline past the moment the service itself may let the lease expire.
-// Past the deadline Next fails at once with ErrLeaseLost, without any
-// network call, and a renewal reply that arrives later does not revive the
-// lease. A reply from the service saying the lease is fenced or gone
-// (segment.ErrFenced, segment.ErrLeaseLost) stops minting at once too
-// (ErrFenced), even with full buffers. In both cases the client drops its
-// blocks, acquires a fresh lease (possibly another code) in the background
-// and resumes by itself; no restart is needed, and the new lease's blocks
-// start above the code's high-water mark, so nothing is reissued.
+// Past the deadline minting stops at once, without any network call, and a
+// renewal reply that arrives later does not revive the lease. A reply from
+// the service saying the lease is fenced or gone (segment.ErrFenced,
+// segment.ErrLeaseLost) stops minting at once too, even with full buffers.
+// In both cases the client drops its blocks, acquires a fresh lease
+// (possibly another code) in the background and resumes by itself; no
+// restart is needed, and the new lease's blocks start above the code's
+// high-water mark, so nothing is reissued. Meanwhile Next waits within its
+// context; if the context ends first it returns ErrUnavailable wrapping
+// ErrLeaseLost or ErrFenced.
 //
 // Uniqueness does not depend on the deadline alone: blocks of one code are
 // disjoint by the high-water mark even if a stale owner kept minting from
@@ -146,8 +148,10 @@
 //
 // ErrLeaseLost, ErrFenced and ErrUnavailable are retryable (IsRetryable):
 // the client recovers in the background. ErrClosed, ErrEpochExhausted and
-// ErrInvalidConfig are final. Errors from the service keep their segment
-// sentinels in the chain (errors.Is(err, segment.ErrFenced) works).
+// ErrInvalidConfig are final. Match them with the standard library's
+// errors.Is. Errors from the service keep their segment sentinels in the
+// chain, also across gRPC (errors.Is(err, segment.ErrFenced) works, and
+// errors.As finds a *segment.Backpressure). Error messages are one line.
 //
 // # Metrics
 //
