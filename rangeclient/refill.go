@@ -275,6 +275,10 @@ func (c *Client) refillLoop() {
 			c.setRefillErr(err)
 			d := bo.next()
 			c.log.Warn("rangeclient: block refill failed; retrying", "retry_in", d, "err", err)
+			// Wait on the state channel as it is now: setRefillErr may
+			// have closed the one plan returned, and the backoff must
+			// hold. A later change (a new lease, Close) still cuts it short.
+			ch, _ = c.waitState()
 			if !sleep(d, ch) {
 				return
 			}

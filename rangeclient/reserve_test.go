@@ -3,12 +3,14 @@ package rangeclient
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/idrange/idrange/rangeclient/rangeclienttest"
+	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -215,4 +217,27 @@ func TestCloseIsBounded(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A refill that keeps failing is retried with backoff, also while the
+// reserve is short (a failure must not wake the loop that just failed).
+func TestFailingRefillsBackOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc := fakeService(10 * time.Second)
+		conn := svc.Conn()
+		c := newTestClient(t, conn, nil)
+		mustNext(t, c)
+		conn.SetHook(func(_ context.Context, m rangeclienttest.Method) error {
+			if m == rangeclienttest.Allocate {
+				return fmt.Errorf("test: %w", segment.ErrCorrupt)
+			}
+			return nil
+		})
+		before := conn.Calls(rangeclienttest.Allocate)
+		time.Sleep(10 * time.Second)
+		// Backoff from 50 ms doubling to 2 s: about 10 calls in 10 s.
+		if n := conn.Calls(rangeclienttest.Allocate) - before; n > 20 {
+			t.Fatalf("%d grant requests in 10 s against a refusing service; want backoff", n)
+		}
+	})
 }
