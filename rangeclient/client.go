@@ -66,11 +66,13 @@ type counters struct {
 	expiries, fenced                               atomic.Uint64
 }
 
-// New validates cfg, acquires a worker-code lease and waits for the first
+// New validates cfg, learns the service's region (with Targets; see
+// Config.Region), acquires a worker-code lease and waits for the first
 // block, so the first Next does not wait on the network. Retryable failures
 // (service unreachable, no free code) are retried with backoff until ctx is
 // done: pass a ctx with a deadline. Bad configuration, a region the service
-// does not serve and similar final errors return at once.
+// does not serve (ErrInvalidConfig when Config.Region disagrees with the
+// service's answer) and similar final errors return at once.
 func New(ctx context.Context, cfg Config) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -104,6 +106,12 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		if err := cfg.Registerer.Register(c.metrics); err != nil {
 			c.abort()
 			return nil, fmt.Errorf("rangeclient: register metrics (wrap Config.Registerer with distinct labels per client): %w", err)
+		}
+	}
+	if cfg.Allocator == nil {
+		if err := c.learnRegion(ctx); err != nil {
+			c.abort()
+			return nil, err
 		}
 	}
 	l, err := c.firstLease(ctx)
