@@ -99,6 +99,11 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 			return nil, fmt.Errorf("rangeclient: dial %v: %w", cfg.Targets, err)
 		}
 		c.alloc, c.conns = alloc, conns
+		// Before anything else reads c.cfg (metrics, loops): Region may change.
+		if err := c.learnRegion(ctx); err != nil {
+			c.abort()
+			return nil, err
+		}
 	}
 	c.pol.init(c, c.now())
 	if cfg.Registerer != nil {
@@ -106,12 +111,6 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		if err := cfg.Registerer.Register(c.metrics); err != nil {
 			c.abort()
 			return nil, fmt.Errorf("rangeclient: register metrics (wrap Config.Registerer with distinct labels per client): %w", err)
-		}
-	}
-	if cfg.Allocator == nil {
-		if err := c.learnRegion(ctx); err != nil {
-			c.abort()
-			return nil, err
 		}
 	}
 	l, err := c.firstLease(ctx)
