@@ -66,11 +66,13 @@ type counters struct {
 	expiries, fenced                               atomic.Uint64
 }
 
-// New validates cfg, acquires a worker-code lease and waits for the first
+// New validates cfg, learns the service's region (with Targets; see
+// Config.Region), acquires a worker-code lease and waits for the first
 // block, so the first Next does not wait on the network. Retryable failures
 // (service unreachable, no free code) are retried with backoff until ctx is
 // done: pass a ctx with a deadline. Bad configuration, a region the service
-// does not serve and similar final errors return at once.
+// does not serve (ErrInvalidConfig when Config.Region disagrees with the
+// service's answer) and similar final errors return at once.
 func New(ctx context.Context, cfg Config) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -97,6 +99,11 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 			return nil, fmt.Errorf("rangeclient: dial %v: %w", cfg.Targets, err)
 		}
 		c.alloc, c.conns = alloc, conns
+		// Before anything else reads c.cfg (metrics, loops): Region may change.
+		if err := c.learnRegion(ctx); err != nil {
+			c.abort()
+			return nil, err
+		}
 	}
 	c.pol.init(c, c.now())
 	if cfg.Registerer != nil {

@@ -67,8 +67,18 @@ type Config struct {
 	// close it.
 	Allocator segment.Allocator
 
-	// Region is the region code (0..3) of the worker-code lease. It must be
-	// the region the targeted service serves.
+	// Region is the region code (0..3) of the worker-code lease. With
+	// Targets, zero means "the region the service serves": New asks a
+	// replica (the GetReplicaInfo RPC) before acquiring the lease, and
+	// Lease reports the answer. A non-zero Region is checked against the
+	// answer; a mismatch fails New with ErrInvalidConfig. (To insist on
+	// region 0, check Lease().Lease.Region after New.) Learning the region
+	// is safe: uniqueness never depends on the region being the one the
+	// caller expected, because the code is leased, and its IDs minted, in
+	// the replica's own region, whose service keeps one owner per code.
+	// With Allocator, Region is used as given (default 0). A replica too
+	// old to answer leaves Region as given; the service refuses a lease for
+	// a region it does not serve.
 	Region int
 	// Owner is free text recorded with the lease for operators. Default:
 	// "hostname/pid". At most 256 bytes of UTF-8.

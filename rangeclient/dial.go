@@ -12,8 +12,11 @@ import (
 
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
+	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/segment"
 )
@@ -67,6 +70,47 @@ func dial(cfg Config, log *slog.Logger) (segment.Allocator, []*grpc.ClientConn, 
 		return rs.allocs[0], conns, nil
 	}
 	return rs, conns, nil
+}
+
+// learnRegion asks the service which region it serves (GetReplicaInfo,
+// through the replica set, so failover applies) and settles c.cfg.Region
+// before the first lease: zero takes the service's answer, a non-zero
+// Region must equal it. Retryable failures are retried with backoff until
+// ctx is done, like the first acquisition. A replica that predates the RPC
+// (Unimplemented) leaves Region as configured; AcquireLease still refuses a
+// region the replica does not serve.
+func (c *Client) learnRegion(ctx context.Context) error {
+	rr, ok := c.alloc.(wire.RegionReporter)
+	if !ok {
+		return nil // an in-process Allocator: Region is used as given
+	}
+	bo := c.newBackoff()
+	for {
+		rctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
+		region, err := rr.ReplicaRegion(rctx)
+		cancel()
+		switch {
+		case err == nil && c.cfg.Region != 0 && region != c.cfg.Region:
+			return fmt.Errorf("rangeclient: Config.Region is %d but the service at %v serves region %d: %w",
+				c.cfg.Region, c.cfg.Targets, region, ErrInvalidConfig)
+		case err == nil:
+			if c.cfg.Region != region {
+				c.log.Info("rangeclient: region learnt from the service", "region", region)
+			}
+			c.cfg.Region = region
+			return nil
+		case status.Code(err) == codes.Unimplemented:
+			c.log.Info("rangeclient: the service cannot tell its region (older rangesvc); using Config.Region",
+				"region", c.cfg.Region, "err", err)
+			return nil
+		case errors.Is(err, segment.ErrInvalid) || errors.Is(err, segment.ErrCorrupt) || errors.Is(err, wire.ErrProtocol):
+			return fmt.Errorf("rangeclient: ask the service for its region: %w", err)
+		}
+		c.log.Warn("rangeclient: asking the service for its region failed; retrying", "err", err)
+		if serr := clock.Sleep(ctx, bo.next()); serr != nil {
+			return mark(fmt.Errorf("rangeclient: no region from the service before the context ended: %w", join(serr, err)), ErrUnavailable)
+		}
+	}
 }
 
 // replicaSet is a segment.Allocator over several replicas of one region.
@@ -148,4 +192,18 @@ func (r *replicaSet) Allocate(ctx context.Context, l segment.Lease, n int) (b se
 		return err
 	})
 	return b, err
+}
+
+// ReplicaRegion asks the current replica which region it serves, failing
+// over like every other call (wire.RegionReporter).
+func (r *replicaSet) ReplicaRegion(ctx context.Context) (region int, err error) {
+	err = r.do(ctx, func(ctx context.Context, a segment.Allocator) (err error) {
+		rr, ok := a.(wire.RegionReporter)
+		if !ok {
+			return fmt.Errorf("replica allocator %T cannot report its region: %w", a, segment.ErrInvalid)
+		}
+		region, err = rr.ReplicaRegion(ctx)
+		return err
+	})
+	return region, err
 }

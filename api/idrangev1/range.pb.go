@@ -565,6 +565,88 @@ func (x *NextResponse) GetId() int64 {
 	return 0
 }
 
+type GetReplicaInfoRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetReplicaInfoRequest) Reset() {
+	*x = GetReplicaInfoRequest{}
+	mi := &file_range_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetReplicaInfoRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetReplicaInfoRequest) ProtoMessage() {}
+
+func (x *GetReplicaInfoRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetReplicaInfoRequest.ProtoReflect.Descriptor instead.
+func (*GetReplicaInfoRequest) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{11}
+}
+
+// GetReplicaInfoResponse describes one replica. Later fields (a version,
+// say) are added with new numbers; clients ignore what they do not know.
+type GetReplicaInfoResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Region        uint32                 `protobuf:"varint,1,opt,name=region,proto3" json:"region,omitempty"` // 0..3, the region whose codes this replica leases
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetReplicaInfoResponse) Reset() {
+	*x = GetReplicaInfoResponse{}
+	mi := &file_range_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetReplicaInfoResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetReplicaInfoResponse) ProtoMessage() {}
+
+func (x *GetReplicaInfoResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetReplicaInfoResponse.ProtoReflect.Descriptor instead.
+func (*GetReplicaInfoResponse) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *GetReplicaInfoResponse) GetRegion() uint32 {
+	if x != nil {
+		return x.Region
+	}
+	return 0
+}
+
 var File_range_proto protoreflect.FileDescriptor
 
 const file_range_proto_rawDesc = "" +
@@ -599,14 +681,18 @@ const file_range_proto_rawDesc = "" +
 	"\x15valid_until_unix_nano\x18\x04 \x01(\x03R\x12validUntilUnixNano\"\r\n" +
 	"\vNextRequest\"\x1e\n" +
 	"\fNextResponse\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\x03R\x02id2\x92\x03\n" +
+	"\x02id\x18\x01 \x01(\x03R\x02id\"\x17\n" +
+	"\x15GetReplicaInfoRequest\"0\n" +
+	"\x16GetReplicaInfoResponse\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\rR\x06region2\xeb\x03\n" +
 	"\fRangeService\x12Q\n" +
 	"\fAcquireLease\x12\x1f.idrange.v1.AcquireLeaseRequest\x1a .idrange.v1.AcquireLeaseResponse\x12K\n" +
 	"\n" +
 	"RenewLease\x12\x1d.idrange.v1.RenewLeaseRequest\x1a\x1e.idrange.v1.RenewLeaseResponse\x12Q\n" +
 	"\fReleaseLease\x12\x1f.idrange.v1.ReleaseLeaseRequest\x1a .idrange.v1.ReleaseLeaseResponse\x12T\n" +
 	"\rAllocateBlock\x12 .idrange.v1.AllocateBlockRequest\x1a!.idrange.v1.AllocateBlockResponse\x129\n" +
-	"\x04Next\x12\x17.idrange.v1.NextRequest\x1a\x18.idrange.v1.NextResponseB4Z2github.com/idrange/idrange/api/idrangev1;idrangev1b\x06proto3"
+	"\x04Next\x12\x17.idrange.v1.NextRequest\x1a\x18.idrange.v1.NextResponse\x12W\n" +
+	"\x0eGetReplicaInfo\x12!.idrange.v1.GetReplicaInfoRequest\x1a\".idrange.v1.GetReplicaInfoResponseB4Z2github.com/idrange/idrange/api/idrangev1;idrangev1b\x06proto3"
 
 var (
 	file_range_proto_rawDescOnce sync.Once
@@ -620,19 +706,21 @@ func file_range_proto_rawDescGZIP() []byte {
 	return file_range_proto_rawDescData
 }
 
-var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_range_proto_goTypes = []any{
-	(*Lease)(nil),                 // 0: idrange.v1.Lease
-	(*AcquireLeaseRequest)(nil),   // 1: idrange.v1.AcquireLeaseRequest
-	(*AcquireLeaseResponse)(nil),  // 2: idrange.v1.AcquireLeaseResponse
-	(*RenewLeaseRequest)(nil),     // 3: idrange.v1.RenewLeaseRequest
-	(*RenewLeaseResponse)(nil),    // 4: idrange.v1.RenewLeaseResponse
-	(*ReleaseLeaseRequest)(nil),   // 5: idrange.v1.ReleaseLeaseRequest
-	(*ReleaseLeaseResponse)(nil),  // 6: idrange.v1.ReleaseLeaseResponse
-	(*AllocateBlockRequest)(nil),  // 7: idrange.v1.AllocateBlockRequest
-	(*AllocateBlockResponse)(nil), // 8: idrange.v1.AllocateBlockResponse
-	(*NextRequest)(nil),           // 9: idrange.v1.NextRequest
-	(*NextResponse)(nil),          // 10: idrange.v1.NextResponse
+	(*Lease)(nil),                  // 0: idrange.v1.Lease
+	(*AcquireLeaseRequest)(nil),    // 1: idrange.v1.AcquireLeaseRequest
+	(*AcquireLeaseResponse)(nil),   // 2: idrange.v1.AcquireLeaseResponse
+	(*RenewLeaseRequest)(nil),      // 3: idrange.v1.RenewLeaseRequest
+	(*RenewLeaseResponse)(nil),     // 4: idrange.v1.RenewLeaseResponse
+	(*ReleaseLeaseRequest)(nil),    // 5: idrange.v1.ReleaseLeaseRequest
+	(*ReleaseLeaseResponse)(nil),   // 6: idrange.v1.ReleaseLeaseResponse
+	(*AllocateBlockRequest)(nil),   // 7: idrange.v1.AllocateBlockRequest
+	(*AllocateBlockResponse)(nil),  // 8: idrange.v1.AllocateBlockResponse
+	(*NextRequest)(nil),            // 9: idrange.v1.NextRequest
+	(*NextResponse)(nil),           // 10: idrange.v1.NextResponse
+	(*GetReplicaInfoRequest)(nil),  // 11: idrange.v1.GetReplicaInfoRequest
+	(*GetReplicaInfoResponse)(nil), // 12: idrange.v1.GetReplicaInfoResponse
 }
 var file_range_proto_depIdxs = []int32{
 	0,  // 0: idrange.v1.AcquireLeaseResponse.lease:type_name -> idrange.v1.Lease
@@ -644,13 +732,15 @@ var file_range_proto_depIdxs = []int32{
 	5,  // 6: idrange.v1.RangeService.ReleaseLease:input_type -> idrange.v1.ReleaseLeaseRequest
 	7,  // 7: idrange.v1.RangeService.AllocateBlock:input_type -> idrange.v1.AllocateBlockRequest
 	9,  // 8: idrange.v1.RangeService.Next:input_type -> idrange.v1.NextRequest
-	2,  // 9: idrange.v1.RangeService.AcquireLease:output_type -> idrange.v1.AcquireLeaseResponse
-	4,  // 10: idrange.v1.RangeService.RenewLease:output_type -> idrange.v1.RenewLeaseResponse
-	6,  // 11: idrange.v1.RangeService.ReleaseLease:output_type -> idrange.v1.ReleaseLeaseResponse
-	8,  // 12: idrange.v1.RangeService.AllocateBlock:output_type -> idrange.v1.AllocateBlockResponse
-	10, // 13: idrange.v1.RangeService.Next:output_type -> idrange.v1.NextResponse
-	9,  // [9:14] is the sub-list for method output_type
-	4,  // [4:9] is the sub-list for method input_type
+	11, // 9: idrange.v1.RangeService.GetReplicaInfo:input_type -> idrange.v1.GetReplicaInfoRequest
+	2,  // 10: idrange.v1.RangeService.AcquireLease:output_type -> idrange.v1.AcquireLeaseResponse
+	4,  // 11: idrange.v1.RangeService.RenewLease:output_type -> idrange.v1.RenewLeaseResponse
+	6,  // 12: idrange.v1.RangeService.ReleaseLease:output_type -> idrange.v1.ReleaseLeaseResponse
+	8,  // 13: idrange.v1.RangeService.AllocateBlock:output_type -> idrange.v1.AllocateBlockResponse
+	10, // 14: idrange.v1.RangeService.Next:output_type -> idrange.v1.NextResponse
+	12, // 15: idrange.v1.RangeService.GetReplicaInfo:output_type -> idrange.v1.GetReplicaInfoResponse
+	10, // [10:16] is the sub-list for method output_type
+	4,  // [4:10] is the sub-list for method input_type
 	4,  // [4:4] is the sub-list for extension type_name
 	4,  // [4:4] is the sub-list for extension extendee
 	0,  // [0:4] is the sub-list for field type_name
@@ -667,7 +757,7 @@ func file_range_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_range_proto_rawDesc), len(file_range_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

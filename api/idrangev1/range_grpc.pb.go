@@ -22,11 +22,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	RangeService_AcquireLease_FullMethodName  = "/idrange.v1.RangeService/AcquireLease"
-	RangeService_RenewLease_FullMethodName    = "/idrange.v1.RangeService/RenewLease"
-	RangeService_ReleaseLease_FullMethodName  = "/idrange.v1.RangeService/ReleaseLease"
-	RangeService_AllocateBlock_FullMethodName = "/idrange.v1.RangeService/AllocateBlock"
-	RangeService_Next_FullMethodName          = "/idrange.v1.RangeService/Next"
+	RangeService_AcquireLease_FullMethodName   = "/idrange.v1.RangeService/AcquireLease"
+	RangeService_RenewLease_FullMethodName     = "/idrange.v1.RangeService/RenewLease"
+	RangeService_ReleaseLease_FullMethodName   = "/idrange.v1.RangeService/ReleaseLease"
+	RangeService_AllocateBlock_FullMethodName  = "/idrange.v1.RangeService/AllocateBlock"
+	RangeService_Next_FullMethodName           = "/idrange.v1.RangeService/Next"
+	RangeService_GetReplicaInfo_FullMethodName = "/idrange.v1.RangeService/GetReplicaInfo"
 )
 
 // RangeServiceClient is the client API for RangeService service.
@@ -50,6 +51,10 @@ type RangeServiceClient interface {
 	// Next mints one ID on the service itself: the centralised per-ID RPC that
 	// docs/design.md rules out. It exists only as a baseline for the comparison module.
 	Next(ctx context.Context, in *NextRequest, opts ...grpc.CallOption) (*NextResponse, error)
+	// GetReplicaInfo describes the serving replica (its region), so a client
+	// need not be configured with it. It reads no store state and answers
+	// while etcd is down.
+	GetReplicaInfo(ctx context.Context, in *GetReplicaInfoRequest, opts ...grpc.CallOption) (*GetReplicaInfoResponse, error)
 }
 
 type rangeServiceClient struct {
@@ -110,6 +115,16 @@ func (c *rangeServiceClient) Next(ctx context.Context, in *NextRequest, opts ...
 	return out, nil
 }
 
+func (c *rangeServiceClient) GetReplicaInfo(ctx context.Context, in *GetReplicaInfoRequest, opts ...grpc.CallOption) (*GetReplicaInfoResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetReplicaInfoResponse)
+	err := c.cc.Invoke(ctx, RangeService_GetReplicaInfo_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RangeServiceServer is the server API for RangeService service.
 // All implementations must embed UnimplementedRangeServiceServer
 // for forward compatibility.
@@ -131,6 +146,10 @@ type RangeServiceServer interface {
 	// Next mints one ID on the service itself: the centralised per-ID RPC that
 	// docs/design.md rules out. It exists only as a baseline for the comparison module.
 	Next(context.Context, *NextRequest) (*NextResponse, error)
+	// GetReplicaInfo describes the serving replica (its region), so a client
+	// need not be configured with it. It reads no store state and answers
+	// while etcd is down.
+	GetReplicaInfo(context.Context, *GetReplicaInfoRequest) (*GetReplicaInfoResponse, error)
 	mustEmbedUnimplementedRangeServiceServer()
 }
 
@@ -155,6 +174,9 @@ func (UnimplementedRangeServiceServer) AllocateBlock(context.Context, *AllocateB
 }
 func (UnimplementedRangeServiceServer) Next(context.Context, *NextRequest) (*NextResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Next not implemented")
+}
+func (UnimplementedRangeServiceServer) GetReplicaInfo(context.Context, *GetReplicaInfoRequest) (*GetReplicaInfoResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetReplicaInfo not implemented")
 }
 func (UnimplementedRangeServiceServer) mustEmbedUnimplementedRangeServiceServer() {}
 func (UnimplementedRangeServiceServer) testEmbeddedByValue()                      {}
@@ -267,6 +289,24 @@ func _RangeService_Next_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RangeService_GetReplicaInfo_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetReplicaInfoRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RangeServiceServer).GetReplicaInfo(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RangeService_GetReplicaInfo_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RangeServiceServer).GetReplicaInfo(ctx, req.(*GetReplicaInfoRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RangeService_ServiceDesc is the grpc.ServiceDesc for RangeService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -293,6 +333,10 @@ var RangeService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Next",
 			Handler:    _RangeService_Next_Handler,
+		},
+		{
+			MethodName: "GetReplicaInfo",
+			Handler:    _RangeService_GetReplicaInfo_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -85,6 +85,7 @@ func TestServeEndToEnd(t *testing.T) {
 
 	seen := map[snowflake.ID]bool{}
 	checkIDs(t, region, seen, p.Mint(t, region, 1000))
+	checkMintRegion(t, p.GRPCAddr, region, seen) // mint learns the region; a wrong --region fails
 
 	t.Logf("first mint done after %v", time.Since(start))
 	cc := regiontest.Dial(t, p.GRPCAddr)

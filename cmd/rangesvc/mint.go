@@ -22,7 +22,7 @@ const maxMint = 100_000_000
 type mintConfig struct {
 	Targets []string      // --target ADDR[,ADDR...] (required)
 	N       int           // -n (required, 1..maxMint)
-	Region  int           // --region (default 0): must be the service's region
+	Region  int           // --region (default -1: the service's region); 0..3: the service must serve it
 	Timeout time.Duration // --timeout (default 30s) for the whole run
 }
 
@@ -38,10 +38,12 @@ func parseMintFlags(args []string, stderr io.Writer) (mintConfig, error) {
 		return nil
 	})
 	fs.IntVar(&c.N, "n", 0, fmt.Sprintf("number of IDs to print (1..%d, required)", maxMint))
-	fs.IntVar(&c.Region, "region", 0, "region of the service (0..3)")
+	fs.IntVar(&c.Region, "region", -1, "region (0..3) the service must serve; -1: whichever it serves, asked from it")
 	fs.DurationVar(&c.Timeout, "timeout", 30*time.Second, "give up after this long")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: rangesvc mint --target ADDR[,ADDR...] -n N [--region R]\n\nprints N decimal IDs, one per line")
+		fmt.Fprintln(fs.Output(), "usage: rangesvc mint --target ADDR[,ADDR...] -n N [--region R]\n\n"+
+			"prints N decimal IDs of the service's region, one per line; --region R fails\n"+
+			"unless the service serves region R")
 		fs.PrintDefaults()
 	}
 	if err := cli.ParseFlags(fs, args); err != nil {
@@ -54,7 +56,7 @@ func parseMintFlags(args []string, stderr io.Writer) (mintConfig, error) {
 		return c, cli.Usagef("--target is required")
 	case c.N < 1 || c.N > maxMint:
 		return c, cli.Usagef("-n %d not in 1..%d", c.N, maxMint)
-	case c.Region < 0 || c.Region > snowflake.MaxRegion:
+	case c.Region < -1 || c.Region > snowflake.MaxRegion:
 		return c, cli.Usagef("--region %d not in 0..%d", c.Region, snowflake.MaxRegion)
 	case c.Timeout <= 0:
 		return c, cli.Usagef("--timeout %v must be positive", c.Timeout)
@@ -89,15 +91,22 @@ func runMint(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
 // mintIDs mints N IDs with the buffered client (rangeclient) over the
-// targets, then closes it (giving its lease back).
+// targets, then closes it (giving its lease back). The client learns the
+// service's region; a --region 1..3 that differs fails in rangeclient.New,
+// and --region 0 (which rangeclient reads as "learn it") is checked against
+// the lease before any ID is minted.
 func mintIDs(ctx context.Context, c mintConfig) ([]snowflake.ID, error) {
 	cl, err := rangeclient.New(ctx, rangeclient.Config{
 		Targets: c.Targets,
-		Region:  c.Region,
+		Region:  max(c.Region, 0),
 		Owner:   "rangesvc mint",
 	})
 	if err != nil {
 		return nil, err
+	}
+	if got := cl.Lease().Lease.Region; c.Region >= 0 && got != c.Region {
+		_ = cl.Close()
+		return nil, errors.Newf("--region %d given, but the service at %v serves region %d", c.Region, c.Targets, got)
 	}
 	ids, err := cl.NextN(ctx, c.N)
 	// Best effort: a lease that is not released expires by its TTL, and the

@@ -44,7 +44,9 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"mint", "--target", "127.0.0.1:1", "-n", "-3"}, "-n -3 not in"},
 		{[]string{"mint", "--target", "127.0.0.1:1", "-n", "1000000000"}, "not in 1..100000000"},
 		{[]string{"mint", "--target", "nohost", "-n", "1"}, "--target"},
-		{[]string{"mint", "--target", "127.0.0.1:1", "-n", "1", "--region", "9"}, "--region 9"},
+		{[]string{"mint", "--target", "127.0.0.1:1", "-n", "1", "--region", "9"}, "--region 9 not in 0..3"},
+		{[]string{"mint", "--target", "127.0.0.1:1", "-n", "1", "--region", "-2"}, "--region -2 not in 0..3"},
+		{[]string{"mint", "--target", "127.0.0.1:1", "-n", "1", "--region", "x"}, "invalid value"},
 		{[]string{"mint", "--target", "127.0.0.1:1", "-n", "1", "--timeout", "0s"}, "--timeout"},
 		{[]string{"mint", "--target", "127.0.0.1:1", "-n", "1", "junk"}, "unexpected arguments"},
 	}

@@ -566,6 +566,21 @@ func (s *Service) Next(ctx context.Context, _ *idrangev1.NextRequest) (*idrangev
 	return resp, nil
 }
 
+// GetReplicaInfo tells the caller which region this replica serves, so
+// clients can learn it instead of being configured with it. It reads no
+// store state: it answers while etcd is down or the replica is NOT_SERVING.
+func (s *Service) GetReplicaInfo(ctx context.Context, _ *idrangev1.GetReplicaInfoRequest) (*idrangev1.GetReplicaInfoResponse, error) {
+	var resp *idrangev1.GetReplicaInfoResponse
+	err := s.rpc(ctx, "GetReplicaInfo", func(context.Context) error {
+		resp = &idrangev1.GetReplicaInfoResponse{Region: uint32(s.cfg.Region)}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
 // ServerOptions are the gRPC server options a replica should run with:
 // clients may send keepalive pings every 5 s (also between calls: a client
 // idles while its buffered blocks last), and the server pings idle

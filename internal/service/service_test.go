@@ -501,3 +501,29 @@ func TestNextErrors(t *testing.T) {
 		}
 	}
 }
+
+// GetReplicaInfo answers the replica's region without touching the store,
+// so a client can learn it while etcd is down.
+func TestGetReplicaInfo(t *testing.T) {
+	for _, region := range []int{0, 1, 3} {
+		f := newFixture(t, func(c *Config) {
+			c.Region = region
+			c.StoreCheck = func(context.Context) error { return errors.New("etcd: connection refused") }
+		})
+		f.fake.setErr(fmt.Errorf("etcd down: %w", segment.ErrUnavailable))
+		f.svc.Check(context.Background())
+		if f.svc.Serving() {
+			t.Fatal("replica with its store down reports SERVING")
+		}
+		r, err := f.cli.GetReplicaInfo(context.Background(), &idrangev1.GetReplicaInfoRequest{})
+		if err != nil {
+			t.Fatalf("region %d: GetReplicaInfo: %v", region, err)
+		}
+		if got := int(r.GetRegion()); got != region {
+			t.Errorf("GetReplicaInfo region = %d, want %d", got, region)
+		}
+		if n := f.fake.calls.Load(); n != 0 {
+			t.Errorf("region %d: GetReplicaInfo made %d store calls, want 0", region, n)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
 )
 
 // NewAllocator returns a segment.Allocator that calls the RangeService over
@@ -22,8 +23,35 @@ func NewAllocator(cc grpc.ClientConnInterface) segment.Allocator {
 	return &allocator{c: idrangev1.NewRangeServiceClient(cc)}
 }
 
+// RegionReporter is implemented by the allocator NewAllocator returns:
+// ReplicaRegion asks the replica behind it which region it serves (the
+// GetReplicaInfo RPC), so a client need not be configured with it. It is a
+// separate interface because segment.Allocator is also implemented by the
+// store itself, which has no replica to ask; callers type-assert.
+//
+// The answer is checked: a region outside 0..3 is ErrProtocol. A replica
+// that predates the RPC answers with status code Unimplemented (the error
+// still carries it: status.Code(err)).
+type RegionReporter interface {
+	ReplicaRegion(ctx context.Context) (int, error)
+}
+
+var _ RegionReporter = (*allocator)(nil)
+
 type allocator struct {
 	c idrangev1.RangeServiceClient
+}
+
+func (a *allocator) ReplicaRegion(ctx context.Context) (int, error) {
+	resp, err := a.c.GetReplicaInfo(ctx, &idrangev1.GetReplicaInfoRequest{})
+	if err != nil {
+		return 0, FromStatus(err)
+	}
+	r := resp.GetRegion()
+	if r > snowflake.MaxRegion {
+		return 0, fmt.Errorf("GetReplicaInfo reply: region %d not in 0..%d: %w", r, snowflake.MaxRegion, ErrProtocol)
+	}
+	return int(r), nil
 }
 
 func (a *allocator) Acquire(ctx context.Context, region int, owner string) (segment.Lease, error) {

@@ -4,13 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
@@ -95,6 +99,16 @@ type relay struct {
 	a segment.Allocator
 	// reply, if set, replaces AllocateBlock's answer (malformed replies).
 	reply *idrangev1.AllocateBlockResponse
+	// info, if set, is GetReplicaInfo's answer; nil leaves the RPC
+	// Unimplemented, like a replica that predates it.
+	info *idrangev1.GetReplicaInfoResponse
+}
+
+func (r *relay) GetReplicaInfo(ctx context.Context, req *idrangev1.GetReplicaInfoRequest) (*idrangev1.GetReplicaInfoResponse, error) {
+	if r.info == nil {
+		return r.UnimplementedRangeServiceServer.GetReplicaInfo(ctx, req)
+	}
+	return r.info, nil
 }
 
 func (r *relay) AcquireLease(ctx context.Context, req *idrangev1.AcquireLeaseRequest) (*idrangev1.AcquireLeaseResponse, error) {
@@ -276,5 +290,38 @@ func TestAllocatorUnreachableIsUnavailable(t *testing.T) {
 	_, err = NewAllocator(cc).Acquire(ctx, 0, "x")
 	if !errors.Is(err, segment.ErrUnavailable) {
 		t.Fatalf("err = %v, want ErrUnavailable", err)
+	}
+	_, err = NewAllocator(cc).(RegionReporter).ReplicaRegion(ctx)
+	if !errors.Is(err, segment.ErrUnavailable) {
+		t.Fatalf("ReplicaRegion: err = %v, want ErrUnavailable", err)
+	}
+}
+
+// ReplicaRegion returns the replica's region, rejects one outside 0..3 as
+// ErrProtocol (never as the caller's ErrInvalid), and leaves a replica
+// without the RPC recognisable by its Unimplemented code.
+func TestReplicaRegion(t *testing.T) {
+	ctx := context.Background()
+	for _, region := range []uint32{0, 1, 2, 3} {
+		a := dialRelay(t, &relay{a: newFake(), info: &idrangev1.GetReplicaInfoResponse{Region: region}})
+		got, err := a.(RegionReporter).ReplicaRegion(ctx)
+		if err != nil || got != int(region) {
+			t.Fatalf("ReplicaRegion = %d, %v; want %d", got, err, region)
+		}
+	}
+	for _, region := range []uint32{4, 1 << 31, math.MaxUint32} {
+		a := dialRelay(t, &relay{a: newFake(), info: &idrangev1.GetReplicaInfoResponse{Region: region}})
+		got, err := a.(RegionReporter).ReplicaRegion(ctx)
+		if !errors.Is(err, ErrProtocol) || errors.Is(err, segment.ErrInvalid) {
+			t.Fatalf("reply region %d: ReplicaRegion = %d, %v; want ErrProtocol only", region, got, err)
+		}
+		if !strings.Contains(err.Error(), fmt.Sprint(region)) {
+			t.Errorf("message %q does not name the region %d", err, region)
+		}
+	}
+	a := dialRelay(t, &relay{a: newFake()})
+	_, err := a.(RegionReporter).ReplicaRegion(ctx)
+	if status.Code(err) != codes.Unimplemented || errors.Is(err, ErrProtocol) || errors.Is(err, segment.ErrUnavailable) {
+		t.Fatalf("replica without GetReplicaInfo: %v (code %v), want Unimplemented", err, status.Code(err))
 	}
 }
