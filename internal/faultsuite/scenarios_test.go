@@ -77,15 +77,20 @@ const (
 	// between two successive calls that handed out IDs, beyond its
 	// minter's pacing, while an etcd election runs well inside its safe
 	// interval: the reserve makes the outage invisible, so what is left
-	// is scheduling on a loaded 2-core box (steady-state gaps measured
-	// here are a few ms to ~20 ms).
+	// is scheduling on a loaded 2-core box. The scenario reports the
+	// noise: gaps before the kill and from the restart on measured 1-8 ms
+	// (also with -race), against 0.46-1.5 s around the election on the
+	// pre-reserve client.
 	maxRideThroughGap = 50 * time.Millisecond
 	// deadlineSlack is how far before its own safety deadline a
 	// default-config client may hand out its last ID when the lease
 	// service goes away for longer than the TTL: its minting calls start
-	// every pacing interval (10 ms), and the rest is scheduling on a
-	// loaded 2-core box and the few microseconds between the client's
-	// reading of a renewal's send time and the recorder's.
+	// every pacing interval (10 ms; 5 ms in soak mode), and the rest is
+	// scheduling on a loaded 2-core box (1-8 ms measured, see
+	// maxRideThroughGap) and the microseconds between the client's
+	// reading of a renewal's send time and the recorder's, so a client
+	// that mints to its deadline lands within ~20 ms; 100 ms, the issue's
+	// figure, is not tight here. The pre-reserve client stops ~1 s early.
 	deadlineSlack = 100 * time.Millisecond
 )
 
@@ -195,7 +200,8 @@ func (s *suite) waitNewLeader(old int, timeout time.Duration) int {
 //
 // The replicas run with the service's default lease TTL (10 s), not the
 // suite's 4 s: with this suite's raft timing an election takes 2-4 s
-// (election timeout 2 s, randomised up to twice that), while a 4 s lease
+// (election timeout 2 s, randomised up to twice that; 1.9-3.0 s
+// measured from the kill to a new leader), while a 4 s lease
 // renewed every second is safe for only 2-3 s after the kill, so no
 // client could ride through. The default TTL is what a user runs.
 func TestEtcdLeaderKillDefaultClientsRideThrough(t *testing.T) {
