@@ -27,7 +27,7 @@
 // Scenarios (one test each; the short version runs in go test ./...):
 //
 //	TestEtcdMemberKillAndRestart                kill -9 the etcd leader, restart it; planted duplicate / late ID caught
-//	TestEtcdLeaderKillDefaultClientsRideThrough kill -9 the etcd leader under load, default clients: 0 failed calls, no gap >= 50 ms
+//	TestEtcdLeaderKillDefaultClientsRideThrough kill -9 the etcd leader under load, default clients: 0 failed calls, no wait for IDs >= 50 ms
 //	TestEtcdQuorumLossFailsClosedAndRecovers    kill -9 two members past the TTL, default clients: mint to within 100 ms of the deadline, fail closed, recover
 //	TestRangesvcReplicaKillMidGrants            kill -9 a replica mid-grants, restart on the same address
 //	TestClientPausedPastLeaseIsFenced           SIGSTOP a client past its TTL, code to a new owner, SIGCONT
@@ -50,8 +50,8 @@
 // Two scenarios are issue 9's acceptance tests and run the minters' clients
 // on rangeclient's defaults (options.clientDefaults): an etcd outage shorter
 // than a client's safe interval must cost it nothing (no failed call, no
-// gap between handed-out IDs beyond scheduling noise), and a longer one
-// must let it mint until just before its own safety deadline.
+// caller waiting for IDs beyond scheduling noise), and a longer one must
+// let it mint until just before its own safety deadline.
 //
 // Every scenario logs a FIGURES line (IDs checked, faults injected, how long
 // clients ran on their buffers, time to fail closed, time to recover,

@@ -29,6 +29,35 @@ func TestLongestGapSubtractsPacing(t *testing.T) {
 	}
 }
 
+func TestLongestWaitLeavesOutTheMintersSleep(t *testing.T) {
+	mint := func(t0, t1 int64) history.Mint { return history.Mint{T0: t0 * ms, T1: t1 * ms, IDs: []int64{1}} }
+	fail := func(t0, t1 int64) history.MintFailure {
+		return history.MintFailure{T0: t0 * ms, T1: t1 * ms, Class: "timeout"}
+	}
+	h := &history.History{Header: history.Header{Name: "a"},
+		Mints: []history.Mint{
+			mint(0, 1), mint(10, 11), mint(20, 21), // steady
+			mint(470, 471), // after two refusals from 30 ms
+			mint(480, 560), // blocked in the client
+			mint(900, 901), // the minter woke 330 ms late: not the client's doing
+		},
+		Failures: []history.MintFailure{fail(30, 230), fail(250, 450)},
+	}
+	hs := []*history.History{h}
+	if g := longestWait(hs, 0, 1<<62); g.d != 441*time.Millisecond || g.at != 471*ms || g.call != time.Millisecond {
+		t.Errorf("whole run: got %+v, want 441 ms from the first refusal to the IDs at 471 ms", g)
+	}
+	if g := longestWait(hs, 500*ms, 1<<62); g.d != 80*time.Millisecond {
+		t.Errorf("from 500 ms: got %v, want the 80 ms blocked call", g)
+	}
+	if g := longestWait(hs, 0, 100*ms); g.d != time.Millisecond {
+		t.Errorf("steady part: got %v, want 1 ms", g)
+	}
+	if g := longestGap(hs, 10*time.Millisecond, 500*ms, 1<<62); g.d != 331*time.Millisecond {
+		t.Errorf("paced gap from 500 ms: got %v, want 331 ms (it counts the late wake-up)", g)
+	}
+}
+
 func TestOwnDeadlineDatesRetriesFromTheFirstAttempt(t *testing.T) {
 	h := &history.History{
 		Header: history.Header{Name: "m", Margin: time.Second},

@@ -73,24 +73,32 @@ func TestEtcdMemberKillAndRestart(t *testing.T) {
 // Ride-through bounds of issue 9's acceptance, for clients on
 // rangeclient's default configuration.
 const (
-	// maxRideThroughGap is the longest a default-config client may go
-	// between two successive calls that handed out IDs, beyond its
-	// minter's pacing, while an etcd election runs well inside its safe
-	// interval: the reserve makes the outage invisible, so what is left
-	// is scheduling on a loaded 2-core box. The scenario reports the
-	// noise: gaps before the kill and from the restart on measured 1-8 ms
-	// (also with -race), against 0.46-1.5 s around the election on the
-	// pre-reserve client.
+	// maxRideThroughGap bounds how long a default-config client may keep
+	// its caller waiting for IDs (longestWait: from the first call after
+	// a successful one until IDs come back, refusals included, the
+	// minter's own paced sleep excluded) while an etcd election runs well
+	// inside its safe interval: the reserve makes the outage invisible.
+	//
+	// The wait excludes the minter's sleep, not just its nominal pacing,
+	// because this box is shared: a concurrent go build or test starves
+	// every process now and then, and such a stall lands in the minter's
+	// 10 ms sleep, not in its microsecond calls. With clients holding
+	// enough span (--refill-interval 10s, standing in for the reserve),
+	// the paced gap (longestGap) was 1-2 ms in 6 of 7 runs and 108 ms in
+	// one that overlapped another session's go build (68 ms of it before
+	// the kill); longestGap is reported, not asserted. The pre-reserve
+	// client makes callers wait 0.46-1.5 s around the election.
 	maxRideThroughGap = 50 * time.Millisecond
 	// deadlineSlack is how far before its own safety deadline a
 	// default-config client may hand out its last ID when the lease
 	// service goes away for longer than the TTL: its minting calls start
-	// every pacing interval (10 ms; 5 ms in soak mode), and the rest is
-	// scheduling on a loaded 2-core box (1-8 ms measured, see
-	// maxRideThroughGap) and the microseconds between the client's
-	// reading of a renewal's send time and the recorder's, so a client
-	// that mints to its deadline lands within ~20 ms; 100 ms, the issue's
-	// figure, is not tight here. The pre-reserve client stops ~1 s early.
+	// every pacing interval (10 ms; 5 ms in soak mode), plus scheduling
+	// and the microseconds between the client's reading of a renewal's
+	// send time and the recorder's. Clients holding enough span
+	// (--refill-interval 4s) handed out their last ID 0-3 ms before the
+	// deadline; 100 ms, the issue's figure, also absorbs a scheduling
+	// stall like the 68-108 ms one above. The pre-reserve client stops
+	// ~1 s early.
 	deadlineSlack = 100 * time.Millisecond
 )
 
@@ -135,19 +143,54 @@ func ownDeadline(h *history.History, token, t int64) (int64, bool) {
 	return dl, ok
 }
 
-// gap is the longest time a client went between two successive calls
-// that handed out IDs, beyond its minter's pacing.
+// gap is one client's longest interruption between handed-out IDs.
 type gap struct {
 	d    time.Duration
 	name string
-	at   int64 // when the call ending the gap returned
+	at   int64         // when the call ending it returned
+	call time.Duration // how long that call took
+}
+
+func (g gap) String() string {
+	return fmt.Sprintf("%v (%s; the call ending it took %v)", g.d.Round(100*time.Microsecond), g.name, g.call.Round(100*time.Microsecond))
+}
+
+// longestWait is the longest time, over every history, a minter waited for
+// IDs, counting calls that returned IDs in [a, b]: from the start of the
+// first call (refused or not) after a successful one to the return of the
+// next successful one. The minter's sleep before that first call is its
+// pacing and not the client's doing, so it is left out; a call blocked on
+// the client counts whole, and so do refused calls and the pauses after
+// them.
+func longestWait(hs []*history.History, a, b int64) gap {
+	var worst gap
+	for _, h := range hs {
+		fi := 0
+		prev := int64(-1)
+		for _, m := range h.Mints {
+			from := m.T0
+			for fi < len(h.Failures) && h.Failures[fi].T0 < m.T0 {
+				if h.Failures[fi].T0 > prev {
+					from = min(from, h.Failures[fi].T0)
+				}
+				fi++
+			}
+			if m.T1 >= a && m.T1 <= b && prev >= 0 {
+				if d := time.Duration(m.T1 - from); d > worst.d {
+					worst = gap{d: d, name: h.Name, at: m.T1, call: time.Duration(m.T1 - m.T0)}
+				}
+			}
+			prev = m.T1
+		}
+	}
+	return worst
 }
 
 // longestGap is the longest gap, over every history, between successive
 // successful minting calls that returned in [a, b]: the time between their
 // returns (when the caller held the IDs) minus the pacing the minter
-// sleeps between calls. A call blocked on the client for d shows as a gap
-// of d, a refused call as the time until the next call that succeeded.
+// sleeps between calls. Unlike longestWait it includes the minter being
+// late (scheduling noise).
 func longestGap(hs []*history.History, pacing time.Duration, a, b int64) gap {
 	var worst gap
 	for _, h := range hs {
@@ -158,7 +201,7 @@ func longestGap(hs []*history.History, pacing time.Duration, a, b int64) gap {
 			}
 			if prev >= 0 {
 				if d := time.Duration(m.T1-prev) - pacing; d > worst.d {
-					worst = gap{d: d, name: h.Name, at: m.T1}
+					worst = gap{d: d, name: h.Name, at: m.T1, call: time.Duration(m.T1 - m.T0)}
 				}
 			}
 			prev = m.T1
@@ -194,9 +237,9 @@ func (s *suite) waitNewLeader(old int, timeout time.Duration) int {
 // routine etcd leader election. Clients on rangeclient's defaults mint at a
 // steady rate; kill -9 the etcd leader, keep it down past the election,
 // restart it. An election is far shorter than the safe interval, so each
-// client's reserve of granted span carries it: no minting call fails and
-// no client goes more than maxRideThroughGap between handed-out IDs,
-// during the whole run.
+// client's reserve of granted span carries it: during the whole run no
+// minting call fails and no caller waits maxRideThroughGap or more for
+// IDs.
 //
 // The replicas run with the service's default lease TTL (10 s), not the
 // suite's 4 s: with this suite's raft timing an election takes 2-4 s
@@ -224,11 +267,12 @@ func TestEtcdLeaderKillDefaultClientsRideThrough(t *testing.T) {
 
 	res := s.finish()
 	pacing := s.opt.pacing()
-	whole := longestGap(res.hists, pacing, 0, 1<<62)
-	// Gaps before the kill and from the restart on (the rejoining member
-	// catching up loads the box) are scheduling noise: what the bound must
-	// leave room for.
-	before, after := longestGap(res.hists, pacing, 0, k), longestGap(res.hists, pacing, q, 1<<62)
+	wait := longestWait(res.hists, 0, 1<<62)
+	// The paced gaps, and the waits before the kill and from the restart
+	// on (the rejoining member catching up loads the box), show the
+	// scheduling noise.
+	paced := longestGap(res.hists, pacing, 0, 1<<62)
+	before, after := longestWait(res.hists, 0, k), longestWait(res.hists, q, 1<<62)
 	failed := 0
 	for _, h := range res.hists {
 		failed += len(h.Failures)
@@ -238,16 +282,16 @@ func TestEtcdLeaderKillDefaultClientsRideThrough(t *testing.T) {
 				s.since(fl.T0), time.Duration(fl.T0-k).Round(time.Millisecond), fl.Class)
 		}
 	}
-	if whole.d >= maxRideThroughGap {
-		t.Errorf("%s went %v beyond its %v pacing without handing out an ID (ending at %v, %v after the kill); want < %v",
-			whole.name, whole.d.Round(time.Millisecond), pacing, s.since(whole.at),
-			time.Duration(whole.at-k).Round(time.Millisecond), maxRideThroughGap)
+	if wait.d >= maxRideThroughGap {
+		t.Errorf("%s waited %v for IDs (until %v, %v after the kill; the call returning them took %v); want < %v",
+			wait.name, wait.d.Round(time.Millisecond), s.since(wait.at),
+			time.Duration(wait.at-k).Round(time.Millisecond), wait.call.Round(time.Millisecond), maxRideThroughGap)
 	}
 	f := s.figures(res)
-	f.notes += fmt.Sprintf("election %v; failed Next calls %d; longest gap between IDs of one client beyond the %v pacing %v "+
-		"(%s, %v after the kill; before the kill %v, from the restart on %v)", time.Duration(e-k).Round(time.Millisecond), failed, pacing,
-		whole.d.Round(time.Millisecond), whole.name, time.Duration(whole.at-k).Round(time.Millisecond),
-		before.d.Round(time.Millisecond), after.d.Round(time.Millisecond))
+	f.notes += fmt.Sprintf("election %v; failed Next calls %d; longest wait for IDs %v, %v after the kill "+
+		"(before the kill %v; from the restart on %v); longest gap between IDs beyond the %v pacing %v, %v after the kill",
+		time.Duration(e-k).Round(time.Millisecond), failed, wait, time.Duration(wait.at-k).Round(time.Millisecond),
+		before, after, pacing, paced, time.Duration(paced.at-k).Round(time.Millisecond))
 	s.publish(f)
 }
 
