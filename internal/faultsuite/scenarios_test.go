@@ -21,7 +21,8 @@ import (
 // Scenario tests. Each starts its own deployment (newSuite), lets the load
 // run, injects its faults, then stops the minters and checks every history
 // against etcd's record (suite.finish). Waits are on conditions read from
-// the histories, bounded; the figures are printed, never asserted.
+// the histories, bounded; the figures are printed, and asserted only where
+// an issue's acceptance names a bound (maxRideThroughGap, deadlineSlack).
 
 // maxStall is the longest time any minter went without a successful call
 // between a and b (a gap in its I lines).
@@ -67,6 +68,231 @@ func TestEtcdMemberKillAndRestart(t *testing.T) {
 	f.notes += fmt.Sprintf("longest stall after the kill %v", maxStall(res.hists, k, q).Round(time.Millisecond))
 	s.publish(f)
 	checkPlantedFaults(t, s, res)
+}
+
+// Ride-through bounds of issue 9's acceptance, for clients on
+// rangeclient's default configuration.
+const (
+	// maxRideThroughGap bounds how long a default-config client may keep
+	// its caller waiting for IDs (longestWait: from the first call after
+	// a successful one until IDs come back, refusals included, the
+	// minter's own paced sleep excluded) while an etcd election runs well
+	// inside its safe interval: the reserve makes the outage invisible.
+	//
+	// The wait excludes the minter's sleep, not just its nominal pacing,
+	// because this box is shared: a concurrent go build or test starves
+	// every process now and then, and such a stall lands in the minter's
+	// 10 ms sleep, not in its microsecond calls. With clients holding
+	// enough span (--refill-interval 10s, standing in for the reserve),
+	// the paced gap (longestGap) was 1-2 ms in 6 of 7 runs and 108 ms in
+	// one that overlapped another session's go build (68 ms of it before
+	// the kill); longestGap is reported, not asserted. The pre-reserve
+	// client makes callers wait 0.46-1.5 s around the election.
+	maxRideThroughGap = 50 * time.Millisecond
+	// deadlineSlack is how far before its own safety deadline a
+	// default-config client may hand out its last ID when the lease
+	// service goes away for longer than the TTL: its minting calls start
+	// every pacing interval (10 ms; 5 ms in soak mode), plus scheduling
+	// and the microseconds between the client's reading of a renewal's
+	// send time and the recorder's. Clients holding enough span
+	// (--refill-interval 4s) handed out their last ID 0-3 ms before the
+	// deadline; 100 ms, the issue's figure, also absorbs a scheduling
+	// stall like the 68-108 ms one above. The pre-reserve client stops
+	// ~1 s early.
+	deadlineSlack = 100 * time.Millisecond
+)
+
+// retryGap is the longest time between a failed attempt of a call and its
+// retry on the next replica: rangeclient retries at once (a few
+// microseconds of bookkeeping, more under load), while a new call after a
+// failure waits for backoff, at least 25 ms with the default BackoffBase.
+const retryGap = 10 * time.Millisecond
+
+// ownDeadline estimates the safety deadline a client computed for its
+// lease token from the calls that had returned by t, for liveness checks.
+// It is history's DeadlineBound (the checker's upper bound), except that a
+// call that succeeded on a retry is dated from the first attempt of its
+// chain: rangeclient reads the send time once, then retries at once on the
+// next replica when one fails (each failed attempt is an X line that
+// returned just before the next was sent), so its deadline may be earlier
+// than the bound by the failed attempts' duration.
+func ownDeadline(h *history.History, token, t int64) (int64, bool) {
+	first := func(method string, tok, send int64) int64 {
+		for again := true; again; {
+			again = false
+			for _, x := range h.Failed {
+				if x.Method == method && x.Token == tok && x.Send < send && x.Ret <= send && send-x.Ret <= int64(retryGap) {
+					send, again = x.Send, true
+				}
+			}
+		}
+		return send
+	}
+	var dl int64
+	ok := false
+	for _, l := range h.Leases {
+		if l.Token == token && l.Ret <= t {
+			dl, ok = first("acquire", 0, l.Send)+int64(l.TTL)-int64(h.Margin), true
+		}
+	}
+	for _, r := range h.Renewals {
+		if ok && r.Token == token && r.Ret <= t {
+			dl = max(dl, first("renew", token, r.Send)+int64(r.TTL)-int64(h.Margin))
+		}
+	}
+	return dl, ok
+}
+
+// gap is one client's longest interruption between handed-out IDs.
+type gap struct {
+	d    time.Duration
+	name string
+	at   int64         // when the call ending it returned
+	call time.Duration // how long that call took
+}
+
+func (g gap) String() string {
+	return fmt.Sprintf("%v (%s; the call ending it took %v)", g.d.Round(100*time.Microsecond), g.name, g.call.Round(100*time.Microsecond))
+}
+
+// longestWait is the longest time, over every history, a minter waited for
+// IDs, counting calls that returned IDs in [a, b]: from the start of the
+// first call (refused or not) after a successful one to the return of the
+// next successful one. The minter's sleep before that first call is its
+// pacing and not the client's doing, so it is left out; a call blocked on
+// the client counts whole, and so do refused calls and the pauses after
+// them.
+func longestWait(hs []*history.History, a, b int64) gap {
+	var worst gap
+	for _, h := range hs {
+		fi := 0
+		prev := int64(-1)
+		for _, m := range h.Mints {
+			from := m.T0
+			for fi < len(h.Failures) && h.Failures[fi].T0 < m.T0 {
+				if h.Failures[fi].T0 > prev {
+					from = min(from, h.Failures[fi].T0)
+				}
+				fi++
+			}
+			if m.T1 >= a && m.T1 <= b && prev >= 0 {
+				if d := time.Duration(m.T1 - from); d > worst.d {
+					worst = gap{d: d, name: h.Name, at: m.T1, call: time.Duration(m.T1 - m.T0)}
+				}
+			}
+			prev = m.T1
+		}
+	}
+	return worst
+}
+
+// longestGap is the longest gap, over every history, between successive
+// successful minting calls that returned in [a, b]: the time between their
+// returns (when the caller held the IDs) minus the pacing the minter
+// sleeps between calls. Unlike longestWait it includes the minter being
+// late (scheduling noise).
+func longestGap(hs []*history.History, pacing time.Duration, a, b int64) gap {
+	var worst gap
+	for _, h := range hs {
+		prev := int64(-1)
+		for _, m := range h.Mints {
+			if m.T1 < a || m.T1 > b {
+				continue
+			}
+			if prev >= 0 {
+				if d := time.Duration(m.T1-prev) - pacing; d > worst.d {
+					worst = gap{d: d, name: h.Name, at: m.T1, call: time.Duration(m.T1 - m.T0)}
+				}
+			}
+			prev = m.T1
+		}
+	}
+	return worst
+}
+
+// waitNewLeader waits until a member other than old leads the cluster and
+// returns its index.
+func (s *suite) waitNewLeader(old int, timeout time.Duration) int {
+	s.t.Helper()
+	leader := -1
+	waitFor(s.t, timeout, "a new etcd leader", func() bool {
+		for i, m := range s.members {
+			if i == old {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			st, err := s.cli.Status(ctx, m.clientAddr())
+			cancel()
+			if err == nil && st.Leader != 0 && st.Leader == st.Header.MemberId {
+				leader = i
+				return true
+			}
+		}
+		return false
+	})
+	return leader
+}
+
+// TestEtcdLeaderKillDefaultClientsRideThrough: issue 9's acceptance for a
+// routine etcd leader election. Clients on rangeclient's defaults mint at a
+// steady rate; kill -9 the etcd leader, keep it down past the election,
+// restart it. An election is far shorter than the safe interval, so each
+// client's reserve of granted span carries it: during the whole run no
+// minting call fails and no caller waits maxRideThroughGap or more for
+// IDs.
+//
+// The replicas run with the service's default lease TTL (10 s), not the
+// suite's 4 s: with this suite's raft timing an election takes 2-4 s
+// (election timeout 2 s, randomised up to twice that; 1.9-3.0 s
+// measured from the kill to a new leader), while a 4 s lease
+// renewed every second is safe for only 2-3 s after the kill, so no
+// client could ride through. The default TTL is what a user runs.
+func TestEtcdLeaderKillDefaultClientsRideThrough(t *testing.T) {
+	s := newSuite(t, options{clientDefaults: true, leaseTTL: segment.DefaultLeaseTTL})
+	s.waitMinting(s.mono0, 2000, time.Minute)
+	s.hold(time.Second)
+
+	li := s.leader()
+	k := s.fault("kill -9 the etcd leader %s", s.members[li].name)
+	s.members[li].p.kill()
+	nl := s.waitNewLeader(li, time.Minute)
+	e := s.mark("%s leads", s.members[nl].name)
+	s.hold(2 * time.Second)
+	s.waitMinting(k, 1000, time.Minute)
+	q := s.mark("restart %s", s.members[li].name)
+	s.members[li].p.start()
+	s.members[li].p.waitReady(startTimeout)
+	s.waitMinting(q, 1000, time.Minute)
+	s.hold(2 * time.Second)
+
+	res := s.finish()
+	pacing := s.opt.pacing()
+	wait := longestWait(res.hists, 0, 1<<62)
+	// The paced gaps, and the waits before the kill and from the restart
+	// on (the rejoining member catching up loads the box), show the
+	// scheduling noise.
+	paced := longestGap(res.hists, pacing, 0, 1<<62)
+	before, after := longestWait(res.hists, 0, k), longestWait(res.hists, q, 1<<62)
+	failed := 0
+	for _, h := range res.hists {
+		failed += len(h.Failures)
+		if n := len(h.Failures); n > 0 {
+			fl := h.Failures[0]
+			t.Errorf("%s: %d failed minting call(s), the first at %v (%v after the kill): %s", h.Name, n,
+				s.since(fl.T0), time.Duration(fl.T0-k).Round(time.Millisecond), fl.Class)
+		}
+	}
+	if wait.d >= maxRideThroughGap {
+		t.Errorf("%s waited %v for IDs (until %v, %v after the kill; the call returning them took %v); want < %v",
+			wait.name, wait.d.Round(time.Millisecond), s.since(wait.at),
+			time.Duration(wait.at-k).Round(time.Millisecond), wait.call.Round(time.Millisecond), maxRideThroughGap)
+	}
+	f := s.figures(res)
+	f.notes += fmt.Sprintf("election %v; failed Next calls %d; longest wait for IDs %v, %v after the kill "+
+		"(before the kill %v; from the restart on %v); longest gap between IDs beyond the %v pacing %v, %v after the kill",
+		time.Duration(e-k).Round(time.Millisecond), failed, wait, time.Duration(wait.at-k).Round(time.Millisecond),
+		before, after, pacing, paced, time.Duration(paced.at-k).Round(time.Millisecond))
+	s.publish(f)
 }
 
 // checkPlantedFaults plants a duplicate, and separately an ID handed out
@@ -179,11 +405,12 @@ func (s *suite) checkOutage(res result, k, q int64, f *figures) {
 }
 
 // TestEtcdQuorumLossFailsClosedAndRecovers: kill -9 two of the three etcd
-// members. Grants and renewals stop; clients go on from their buffers
-// inside their safe interval, then fail closed. Restart the two: the same
-// client processes recover by themselves.
+// members, with clients on rangeclient's defaults. Grants and renewals
+// stop; each client goes on from its reserve until within deadlineSlack of
+// its own safety deadline (issue 9), then fails closed. Restart the two:
+// the same client processes recover by themselves.
 func TestEtcdQuorumLossFailsClosedAndRecovers(t *testing.T) {
-	s := newSuite(t, options{})
+	s := newSuite(t, options{clientDefaults: true})
 	s.waitMinting(s.mono0, 2000, time.Minute)
 	s.hold(time.Second)
 
@@ -194,6 +421,10 @@ func TestEtcdQuorumLossFailsClosedAndRecovers(t *testing.T) {
 	b.p.kill()
 	s.waitAllFailClosed(time.Minute)
 	s.hold(2 * time.Second)
+	// The quorum stays lost for longer than the TTL.
+	if left := time.Duration(k + int64(s.opt.leaseTTL+time.Second) - history.Now()); left > 0 {
+		time.Sleep(left)
+	}
 	q := s.mark("restart %s and %s", a.name, b.name)
 	a.p.start()
 	b.p.start()
@@ -220,6 +451,32 @@ func TestEtcdQuorumLossFailsClosedAndRecovers(t *testing.T) {
 	}
 	f := s.figures(res)
 	s.checkOutage(res, k, q, &f)
+	var early []string
+	for _, h := range res.hists {
+		before, ok := h.LeaseAt(k)
+		if !ok {
+			t.Errorf("%s held no lease when the quorum was lost", h.Name)
+			continue
+		}
+		dl, _ := ownDeadline(h, before.Token, q)
+		if bound, _ := h.DeadlineBound(before.Token, q); bound != dl {
+			s.logf("%s: a renewal succeeded on a retry; its deadline is dated from the first attempt, %v before the checker's bound",
+				h.Name, time.Duration(bound-dl).Round(time.Millisecond))
+		}
+		last, ok := h.LastMintBefore(q)
+		if !ok {
+			t.Errorf("%s handed out nothing before the restart", h.Name)
+			continue
+		}
+		early = append(early, fmt.Sprintf("%s %v", h.Name, time.Duration(dl-last.T0).Round(time.Millisecond)))
+		if dl-last.T0 > int64(deadlineSlack) {
+			t.Errorf("%s's last call handing out IDs before the restart started %v before its safety deadline "+
+				"(%v after the kill, deadline %v after it); want within %v: it should mint from its reserve until the deadline",
+				h.Name, time.Duration(dl-last.T0).Round(time.Millisecond), time.Duration(last.T0-k).Round(time.Millisecond),
+				time.Duration(dl-k).Round(time.Millisecond), deadlineSlack)
+		}
+	}
+	f.notes += fmt.Sprintf("last ID before each client's safety deadline: %s. ", strings.Join(early, ", "))
 	s.publish(f)
 }
 

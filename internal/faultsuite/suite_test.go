@@ -51,9 +51,19 @@ type options struct {
 	refill   time.Duration // minter --refill-interval (0: rangeclient's default, 1 s)
 	leaseTTL time.Duration // rangesvc --lease-ttl (default 4 s)
 	margin   time.Duration // minter --safety-margin (default 1 s)
+	// clientDefaults runs the minters' clients on rangeclient's defaults:
+	// no --safety-margin or --refill-interval is passed (margin and refill
+	// are ignored), so the scenario sees what a new user's client does.
+	clientDefaults bool
 	// notAfterSlack widens the ID timestamp window past the end of the run
 	// (forward clock jumps); the service's max lead (15 s) is always added.
 	notAfterSlack time.Duration
+}
+
+// pacing is the time between the starts of two minting calls of one minter
+// at its steady rate: cmd/minter's interval, batch / rate.
+func (o options) pacing() time.Duration {
+	return time.Duration(int64(time.Second) * int64(o.batch) / int64(o.rate))
 }
 
 func (o options) withDefaults() options {
@@ -324,9 +334,12 @@ func (s *suite) addMinter() *minter {
 	m.tail = history.NewTail(m.path)
 	args := []string{"--targets", s.targets(), "--region", strconv.Itoa(region), "--name", name, "--history", m.path,
 		"--rate", strconv.Itoa(s.opt.rate), "--batch", strconv.Itoa(s.opt.batch),
-		"--safety-margin", s.opt.margin.String(), "--exit-on-stdin-eof", "--duration", "30m"}
-	if s.opt.refill > 0 {
-		args = append(args, "--refill-interval", s.opt.refill.String())
+		"--exit-on-stdin-eof", "--duration", "30m"}
+	if !s.opt.clientDefaults {
+		args = append(args, "--safety-margin", s.opt.margin.String())
+		if s.opt.refill > 0 {
+			args = append(args, "--refill-interval", s.opt.refill.String())
+		}
 	}
 	m.p = newProc(s.t, name, s.b.minter, args, nil, s.dir, minterReadyRE)
 	m.p.start()

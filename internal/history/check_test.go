@@ -237,3 +237,29 @@ func TestCouldMintAt(t *testing.T) {
 		}
 	}
 }
+
+func TestLeaseAtAndDeadlineBound(t *testing.T) {
+	f := newFakeRun(t, nil)
+	// p1: acquired at 1 s (reply 1 s + 100 ns, TTL 4 s, margin 1 s: bound
+	// 4 s), renewals sent at 1.9... s and 2.9... s (bounds 4.9 s and 5.9 s).
+	for _, tc := range []struct {
+		at    int64
+		ok    bool
+		bound int64
+	}{{sec / 2, false, 0}, {sec + 100, true, 4 * sec}, {2 * sec, true, 5*sec - 100}, {5 * sec, true, 6*sec - 100}} {
+		l, ok := f.p1.LeaseAt(tc.at)
+		if ok != tc.ok || ok && l.Token != 10 {
+			t.Errorf("LeaseAt(%v) = %+v, %v; want token 10: %v", time.Duration(tc.at), l, ok, tc.ok)
+		}
+		b, ok := f.p1.DeadlineBound(10, tc.at)
+		if ok != tc.ok || b != tc.bound {
+			t.Errorf("DeadlineBound(10, %v) = %v, %v; want %v, %v", time.Duration(tc.at), time.Duration(b), ok, time.Duration(tc.bound), tc.ok)
+		}
+	}
+	if _, ok := f.p1.DeadlineBound(20, 20*sec); ok {
+		t.Error("DeadlineBound found p2's lease in p1's history")
+	}
+	if l, ok := f.p2.LeaseAt(20 * sec); !ok || l.Token != 20 {
+		t.Errorf("p2.LeaseAt(20 s) = %+v, %v; want token 20", l, ok)
+	}
+}

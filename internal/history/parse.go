@@ -466,3 +466,41 @@ func (h *History) CouldMintAt(t int64, slack time.Duration) bool {
 	}
 	return false
 }
+
+// LeaseAt returns the lease the process acquired last by t (the latest A
+// line whose reply had returned at or before t); ok is false if none had.
+func (h *History) LeaseAt(t int64) (Lease, bool) {
+	var l Lease
+	ok := false
+	for _, x := range h.Leases {
+		if x.Ret <= t && (!ok || x.Ret >= l.Ret) {
+			l, ok = x, true
+		}
+	}
+	return l, ok
+}
+
+// DeadlineBound is the latest safety deadline the process could have known
+// at t for its lease with token: the largest send + TTL - margin over the
+// acquisition and the renewals of that token whose replies had returned by
+// t. It is the bound Check holds every ID to, so a client that mints right
+// up to its own deadline hands out its last ID just before it. ok is false
+// if the process had not acquired that lease by t.
+func (h *History) DeadlineBound(token, t int64) (int64, bool) {
+	var bound int64
+	ok := false
+	for _, l := range h.Leases {
+		if l.Token == token && l.Ret <= t {
+			bound, ok = l.Send+int64(l.TTL)-int64(h.Margin), true
+		}
+	}
+	if !ok {
+		return 0, false
+	}
+	for _, r := range h.Renewals {
+		if r.Token == token && r.Ret <= t {
+			bound = max(bound, r.Send+int64(r.TTL)-int64(h.Margin))
+		}
+	}
+	return bound, true
+}
