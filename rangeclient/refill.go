@@ -162,9 +162,14 @@ func (c *Client) reserveTarget(l *leaseState, now int64) int64 {
 // horizon (the local instant the buffered blocks run out) to target, plus
 // one RefillInterval so the next reserve request comes a RefillInterval
 // later rather than at once; 0 when the reserve already reaches target.
+// With FixedBlock every request is FixedBlock: the reserve is then built
+// from several of them.
 func (c *Client) reserveCount(horizon, target int64) int {
 	if target <= horizon {
 		return 0
+	}
+	if c.cfg.FixedBlock > 0 {
+		return c.cfg.FixedBlock
 	}
 	span := time.Duration(target-horizon) + c.cfg.RefillInterval
 	n := float64(span) / float64(time.Millisecond) * perMsCapacity

@@ -241,3 +241,25 @@ func TestFailingRefillsBackOff(t *testing.T) {
 		}
 	})
 }
+
+// FixedBlock pins every request, those that build the reserve included:
+// the reserve is then made of several blocks.
+func TestFixedBlockPinsReserveRequests(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc := fakeService(10 * time.Second)
+		const fixed = 100 * perMsCapacity // 100 ms
+		c := newTestClient(t, svc.Conn(), func(cfg *Config) { cfg.FixedBlock = fixed })
+		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			mustNext(t, c)
+		}
+		gs := svc.Grants()
+		for _, g := range gs {
+			if g.Len() > fixed {
+				t.Fatalf("grant of %d units; FixedBlock is %d", g.Len(), fixed)
+			}
+		}
+		if lead := leadAhead(svc); lead < 8_000 {
+			t.Fatalf("reserve of fixed blocks reaches only %d ms ahead (%d grants)", lead, len(gs))
+		}
+	})
+}
