@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,7 +41,8 @@ type Client struct {
 	recent    []*block      // last retired blocks (sealed), counted live
 	folded    int64         // IDs minted from older retired blocks
 
-	kick chan struct{} // wakes the refill loop (capacity 1)
+	kick      chan struct{} // wakes the refill loop (capacity 1)
+	leaseKick chan struct{} // tells the lease loop a caller waits (capacity 1)
 
 	ctx       context.Context // cancelled by Close
 	cancel    context.CancelFunc
@@ -48,6 +50,10 @@ type Client struct {
 	closed    atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
+
+	// lanes are the client's further codes (Config.Codes - 1 of them), each
+	// a single-code Client over the same allocator; nil with one code.
+	lanes []*Client
 
 	waiters atomic.Int64 // callers blocked waiting for a block
 	stats   counters
@@ -85,6 +91,8 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		waitCh: make(chan struct{}),
 		recent: make([]*block, 0, 8),
 		kick:   make(chan struct{}, 1),
+
+		leaseKick: make(chan struct{}, 1),
 	}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
@@ -126,7 +134,36 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		c.Close()
 		return nil, err
 	}
+	if err := c.startLanes(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
 	return c, nil
+}
+
+// startLanes starts the client's further codes: single-code clients over
+// the same allocator, in the region the first one settled on.
+func (c *Client) startLanes(ctx context.Context) error {
+	lc := c.cfg
+	lc.Codes, lc.Targets, lc.Allocator, lc.Registerer = 1, nil, c.alloc, nil
+	lc.Region = c.lease.Load().seg.Region
+	for i := 1; i < c.cfg.Codes; i++ {
+		l, err := New(ctx, lc)
+		if err != nil {
+			return fmt.Errorf("rangeclient: code %d of %d: %w", i+1, c.cfg.Codes, err)
+		}
+		c.lanes = append(c.lanes, l)
+	}
+	return nil
+}
+
+// lane picks the code a call mints from: c itself or one of its lanes, at
+// random (math/rand/v2's per-thread source: no shared state).
+func (c *Client) lane() *Client {
+	if i := rand.IntN(len(c.lanes) + 1); i > 0 {
+		return c.lanes[i-1]
+	}
+	return c
 }
 
 // abort undoes a New that failed before the loops started.
@@ -221,6 +258,11 @@ func (c *Client) fresh(b *block, now int64) bool {
 // ahead of time until the service's bounded lead applies backpressure; Next
 // then waits (within ctx) for the service to grant again.
 func (c *Client) Next(ctx context.Context) (snowflake.ID, error) {
+	if c.lanes != nil {
+		if l := c.lane(); l != c {
+			return l.Next(ctx)
+		}
+	}
 	if b := c.cur.Load(); b != nil {
 		now := c.now()
 		if c.fresh(b, now) {
@@ -254,6 +296,11 @@ func (c *Client) NextN(ctx context.Context, n int) ([]snowflake.ID, error) {
 func (c *Client) AppendN(ctx context.Context, dst []snowflake.ID, n int) ([]snowflake.ID, error) {
 	if n < 0 {
 		return dst, fmt.Errorf("rangeclient: AppendN count %d is negative", n)
+	}
+	if c.lanes != nil {
+		if l := c.lane(); l != c {
+			return l.AppendN(ctx, dst, n)
+		}
 	}
 	for n > 0 {
 		b, first, k, err := c.reserve(ctx, int64(n))
@@ -295,11 +342,17 @@ func (c *Client) reserveSlow(ctx context.Context, n int64) (*block, int64, int64
 			c.waiters.Add(-1)
 		}
 	}()
-	wait := func(ch <-chan struct{}) error {
+	wait := func(ch <-chan struct{}, forLease bool) error {
 		if !waiting {
 			waiting = true
 			c.waiters.Add(1)
 			c.stats.stalls.Add(1)
+		}
+		if forLease {
+			select {
+			case c.leaseKick <- struct{}{}:
+			default:
+			}
 		}
 		select {
 		case <-ch:
@@ -319,8 +372,9 @@ func (c *Client) reserveSlow(ctx context.Context, n int64) (*block, int64, int64
 			if errors.Is(err, ErrClosed) {
 				return nil, 0, 0, err
 			}
-			// The lease loop replaces a lost or fenced lease by itself.
-			if cerr := wait(ch); cerr != nil {
+			// The lease loop replaces a lost or fenced lease by itself;
+			// tell it a caller waits, so it retries sooner.
+			if cerr := wait(ch, true); cerr != nil {
 				return nil, 0, 0, mark(fmt.Errorf("rangeclient: no usable lease: %w", join(cerr, err)), ErrUnavailable)
 			}
 			continue
@@ -341,7 +395,7 @@ func (c *Client) reserveSlow(ctx context.Context, n int64) (*block, int64, int64
 			return nil, 0, 0, fmt.Errorf("rangeclient: no block buffered and the service refuses to grant one: %w", rerr)
 		}
 		c.kickRefill()
-		if cerr := wait(ch); cerr != nil {
+		if cerr := wait(ch, false); cerr != nil {
 			_, rerr = c.waitState()
 			return nil, 0, 0, unavailable(cerr, rerr)
 		}
@@ -449,7 +503,16 @@ func (c *Client) dropLeaseBlocksLocked(l *leaseState) {
 // about RPCTimeout whatever the network does. Later calls return
 // ErrClosed; Close is idempotent and returns the first call's result.
 func (c *Client) Close() error {
-	c.closeOnce.Do(func() { c.closeErr = c.close() })
+	c.closeOnce.Do(func() {
+		errs := make([]error, len(c.lanes)+1)
+		var wg sync.WaitGroup
+		for i, l := range c.lanes {
+			wg.Go(func() { errs[i+1] = l.Close() })
+		}
+		errs[0] = c.close()
+		wg.Wait()
+		c.closeErr = join(errs...)
+	})
 	return c.closeErr
 }
 

@@ -17,6 +17,10 @@ import (
 	"github.com/idrange/idrange/snowflake"
 )
 
+// MaxCodes bounds Config.Codes: 16 codes are 65M IDs/s, far beyond what one
+// process can use, and a region has only 256 codes for its whole fleet.
+const MaxCodes = 16
+
 // Defaults for Config fields left zero.
 const (
 	// DefaultRefillInterval is the span of time one block should last: with
@@ -80,6 +84,17 @@ type Config struct {
 	// old to answer leaves Region as given; the service refuses a lease for
 	// a region it does not serve.
 	Region int
+	// Codes is how many worker codes the client holds (default 1, at most
+	// MaxCodes). One code mints at most 4,096 IDs per millisecond; with
+	// several, Next, NextN and AppendN spread their calls over the codes (a
+	// random code per call: no shared lock, no shared counter), so one
+	// Client sustains Codes x 4.096M IDs/s with IDs that follow the clock
+	// instead of running ahead of it. Each code has its own lease, blocks
+	// and reserve, and recovers on its own. IDs of one code increase; IDs
+	// of different codes interleave within a millisecond (they stay unique
+	// and time-ordered to the millisecond). Every code is one of the
+	// region's 256: hold only as many as the rate needs.
+	Codes int
 	// Owner is free text recorded with the lease for operators. Default:
 	// "hostname/pid". At most 256 bytes of UTF-8.
 	Owner string
@@ -164,6 +179,9 @@ func (c Config) withDefaults() Config {
 			}
 		}
 	}
+	if c.Codes == 0 {
+		c.Codes = 1
+	}
 	if c.RefillInterval == 0 {
 		c.RefillInterval = DefaultRefillInterval
 	}
@@ -236,6 +254,8 @@ func (c Config) Validate() error {
 		return bad("Config.RenewPeriod %v is negative", c.RenewPeriod)
 	case c.BackoffBase <= 0:
 		return bad("Config.BackoffBase %v must be positive", c.BackoffBase)
+	case c.Codes < 0 || c.Codes > MaxCodes:
+		return bad("Config.Codes %d not in 0..%d (0 = 1)", c.Codes, MaxCodes)
 	case c.BackoffMax < c.BackoffBase:
 		return bad("Config.BackoffMax %v is below Config.BackoffBase %v", c.BackoffMax, c.BackoffBase)
 	}

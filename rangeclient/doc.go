@@ -104,7 +104,10 @@
 // (*segment.Backpressure with RetryAfter) or shrinks them. The client then
 // waits, retrying after RetryAfter; Next and NextN wait within their context
 // and return ErrUnavailable if it ends first. Sustained demand above the
-// capacity of one code needs more clients (codes), not a bigger block.
+// capacity of one code needs more codes, not a bigger block: Config.Codes
+// lets one Client hold several and spread its calls over them (10M IDs/s
+// offered to a 4-code client: IDs within 5 ms of the clock; to a 1-code
+// client: 8.6 s ahead; BenchmarkAppendNCodes).
 //
 // # Failing closed
 //

@@ -217,6 +217,7 @@ func (c *Client) leaseLoop(l *leaseState) {
 		if p := l.why.Load(); p != nil && !errors.Is(*p, ErrFenced) && !errors.Is(*p, ErrClosed) {
 			c.releaseQuietly(c.ctx, l.seg) // Close cancels it: Close stays bounded
 		}
+		bo.reset() // renewal failures grew it; a new lease is tried at once
 		for c.ctx.Err() == nil {
 			nl, err := c.acquire(c.ctx)
 			if err == nil {
@@ -228,10 +229,44 @@ func (c *Client) leaseLoop(l *leaseState) {
 				bo.reset()
 				break
 			}
-			c.log.Warn("rangeclient: cannot acquire a new lease; retrying", "err", err)
-			if !sleep(bo.next(), nil) {
+			d := bo.next()
+			c.log.Warn("rangeclient: cannot acquire a new lease; retrying", "retry_in", d, "err", err)
+			if !c.acquireBackoff(d) {
 				return
 			}
+		}
+	}
+}
+
+// waitingRetry bounds the time between acquisition attempts while callers
+// wait in Next for the new lease: they should not wait out a 2 s backoff
+// when the service came back, and one attempt per 250 ms per client is a
+// small load on a service that is still down.
+const waitingRetry = 250 * time.Millisecond
+
+// acquireBackoff waits d before the next acquisition attempt, or only
+// waitingRetry (from the start of the wait) once a caller waits for the
+// lease; it reports false when the client is closing.
+func (c *Client) acquireBackoff(d time.Duration) bool {
+	start := time.Now()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		if c.waiters.Load() > 0 {
+			left := waitingRetry - time.Since(start)
+			if left <= 0 {
+				return true
+			}
+			if left < d-time.Since(start) {
+				timer.Reset(left)
+			}
+		}
+		select {
+		case <-timer.C:
+			return true
+		case <-c.leaseKick:
+		case <-c.ctx.Done():
+			return false
 		}
 	}
 }

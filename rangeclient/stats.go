@@ -30,8 +30,33 @@ type Stats struct {
 	NextBlock     int           // size the next request asks for
 }
 
-// Stats returns a snapshot of the client's counters.
+// Stats returns a snapshot of the client's counters, summed over its codes
+// (BufferedFor is the shortest of them, RefillLatency the longest).
 func (c *Client) Stats() Stats {
+	s := c.laneStats()
+	for _, l := range c.lanes {
+		o := l.laneStats()
+		s.Minted += o.Minted
+		s.Refills += o.Refills
+		s.RefillErrors += o.RefillErrors
+		s.Backpressure += o.Backpressure
+		s.Discarded += o.Discarded
+		s.Stalls += o.Stalls
+		s.Acquisitions += o.Acquisitions
+		s.Renewals += o.Renewals
+		s.RenewalFailures += o.RenewalFailures
+		s.Expiries += o.Expiries
+		s.Fenced += o.Fenced
+		s.BufferedIDs += o.BufferedIDs
+		s.BufferedFor = min(s.BufferedFor, o.BufferedFor)
+		s.Rate += o.Rate
+		s.RefillLatency = max(s.RefillLatency, o.RefillLatency)
+	}
+	return s
+}
+
+// laneStats is Stats of the client's first code alone.
+func (c *Client) laneStats() Stats {
 	now := c.now()
 	s := Stats{
 		Minted:          c.mintedTotal(),
@@ -79,7 +104,18 @@ type LeaseInfo struct {
 	Err error
 }
 
-// Lease returns the current lease and how long it is still safe.
+// Leases returns the current lease of each of the client's codes (see
+// Config.Codes), the first one first.
+func (c *Client) Leases() []LeaseInfo {
+	out := []LeaseInfo{c.Lease()}
+	for _, l := range c.lanes {
+		out = append(out, l.Lease())
+	}
+	return out
+}
+
+// Lease returns the current lease of the client's first code and how long
+// it is still safe.
 func (c *Client) Lease() LeaseInfo {
 	l := c.lease.Load()
 	if l == nil {
@@ -97,9 +133,19 @@ func (c *Client) Lease() LeaseInfo {
 // it cannot: ErrClosed, the lease's error (ErrLeaseLost, ErrFenced), or
 // ErrUnavailable (with the last refill error, if any) when no block is
 // buffered. An idle client that let its buffers run out on purpose is
-// healthy. Serve
-// it on a readiness endpoint.
+// healthy. With several codes, every one must be healthy (a call may land
+// on any). Serve it on a readiness endpoint.
 func (c *Client) Health() error {
+	for _, l := range c.lanes {
+		if err := l.laneHealth(); err != nil {
+			return err
+		}
+	}
+	return c.laneHealth()
+}
+
+// laneHealth is Health of the client's first code alone.
+func (c *Client) laneHealth() error {
 	if c.closed.Load() {
 		return ErrClosed
 	}
