@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -84,7 +85,7 @@ func HogMain(args []string, stdin io.Reader, stdout io.Writer) error {
 }
 
 // spinSink keeps the busy loop's arithmetic observable.
-var spinSink uint64
+var spinSink atomic.Uint64
 
 // spin burns one core until stop closes, looking at stop every few
 // microseconds of work.
@@ -98,7 +99,7 @@ func spin(stop <-chan struct{}) {
 		}
 		select {
 		case <-stop:
-			spinSink += x
+			spinSink.Add(x)
 			return
 		default:
 		}
