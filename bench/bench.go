@@ -21,6 +21,12 @@
 // Config.BurstSize IDs (default 3,000) back to back every BurstEvery; the
 // report says how long each burst took against the 1 ms budget of docs/design.md.
 //
+// CPU hog: Config.CPUHog > 0 keeps that many cores busy in a child process
+// (this executable again, HogSubcommand) for the paced run, so a run under
+// overload is reproducible on a quiet machine. The child competes with
+// everything in this process, as another program on the host would; it
+// stops when its stdin closes and, on Linux, when this process dies.
+//
 // Verification: every ID is kept (8 bytes each) and checked with
 // internal/idcheck at the end: unique, timestamp inside the run (plus the
 // service's maximum lead), code one of the fleet's leased codes. Report.Err
@@ -108,6 +114,13 @@ type Config struct {
 	// EtcdPerRegion gives each region its own embedded etcd instead of one
 	// shared by all.
 	EtcdPerRegion bool
+	// CPUHog is how many cores a child process keeps busy during the paced
+	// run (0..MaxCPUHog()), so the overload case is reproducible instead of
+	// depending on a busy machine. Default 0: no hog. The child is this
+	// executable run again with HogSubcommand; it competes with the whole
+	// process (etcd, services, clients, workers) as another program would,
+	// and its CPU is not counted in Report.CPUCores.
+	CPUHog int
 	// Logger, if set, receives the regions' and (unless Client.Logger is
 	// set) the clients' logs.
 	Logger *slog.Logger
@@ -181,6 +194,8 @@ func (c Config) Validate() error {
 		return errors.Newf("bench: BurstEvery %v below 1ms", c.BurstEvery)
 	case c.SetupConcurrency < 1:
 		return errors.Newf("bench: SetupConcurrency %d below 1", c.SetupConcurrency)
+	case c.CPUHog < 0 || c.CPUHog > MaxCPUHog():
+		return errors.Newf("bench: CPUHog %d not in 0..%d cores", c.CPUHog, MaxCPUHog())
 	case c.ProgressEvery < 10*time.Millisecond:
 		return errors.Newf("bench: ProgressEvery %v below 10ms", c.ProgressEvery)
 	case len(c.Client.Targets) > 0 || c.Client.Allocator != nil:
@@ -203,8 +218,16 @@ type Report struct {
 	SetupRetries int64 `json:"setup_retries"`
 	Elapsed      Dur   `json:"elapsed"`
 	// CPUCores is the process's CPU time during the run divided by Elapsed
-	// (workers, clients, services and etcd all live in this process).
+	// (workers, clients, services and etcd all live in this process; a CPU
+	// hog child is not counted).
 	CPUCores float64 `json:"cpu_cores"`
+	// HogCPUCores is the CPU hog child's CPU time over its lifetime (a
+	// little longer than the paced run), when Fleet.CPUHog > 0: how much
+	// of the machine it actually took.
+	HogCPUCores float64 `json:"hog_cpu_cores,omitempty"`
+	// HogProblem says the hog child exited early, failed or had to be
+	// killed: the run was then not entirely under the hog.
+	HogProblem string `json:"hog_problem,omitempty"`
 	// IDs minted during the run, bursts included; BurstIDs of them by the
 	// burst profile.
 	IDs      int64 `json:"ids"`
@@ -263,6 +286,8 @@ type Fleet struct {
 	Etcd           string  `json:"etcd"`
 	RefillInterval Dur     `json:"refill_interval"`
 	FixedBlock     int     `json:"fixed_block,omitempty"`
+	// CPUHog is the cores a child process kept busy during the run (0: none).
+	CPUHog int `json:"cpu_hog"`
 }
 
 // Burst summarises the burst profile.
@@ -470,6 +495,14 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 		return nil, err
 	}
 
+	var h *hog
+	if cfg.CPUHog > 0 {
+		if h, err = startHog(ctx, cfg.CPUHog); err != nil {
+			return nil, err
+		}
+		defer h.stop()
+		fmt.Fprintf(cfg.Progress, "bench: cpu hog: %d busy core(s) in child process %d\n", cfg.CPUHog, h.cmd.Process.Pid)
+	}
 	begin := time.Now()
 	cpu0 := machine.CPUTime()
 	checker, err := newChecker(env, cfg, begin)
@@ -479,6 +512,11 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 	workers[0].burst = !cfg.NoBurst
 	base := takeBaseline(env, workers)
 	rep.runPaced(ctx, cfg, env, workers, checker, begin, cpu0, base)
+	if h != nil {
+		res := h.stop()
+		rep.HogCPUCores, rep.HogProblem = res.CPUCores, res.Problem
+		fmt.Fprintf(cfg.Progress, "bench: cpu hog stopped: it burnt %.2f cores\n", res.CPUCores)
+	}
 	rep.sumWorkers(cfg, workers)
 	rep.sumFleet(cfg, env, workers, base)
 
@@ -499,6 +537,7 @@ func newReport(cfg Config) *Report {
 			Regions: cfg.Regions, Workers: cfg.Workers, TargetRate: cfg.Rate,
 			PerWorkerRate: cfg.Rate / float64(n), Duration: Dur(cfg.Duration), Tick: Dur(cfg.Tick),
 			Etcd: etcdLayout(cfg), RefillInterval: Dur(cfg.Client.RefillInterval), FixedBlock: cfg.Client.FixedBlock,
+			CPUHog: cfg.CPUHog,
 		},
 	}
 	if rep.Fleet.RefillInterval == 0 {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -25,7 +26,19 @@ import (
 var sharedEnv = regiontest.Shared[*Env]{What: "regions",
 	Start: func(ctx context.Context) (*Env, error) { return StartEnv(ctx, Config{Regions: 2}) }}
 
-func TestMain(m *testing.M) { os.Exit(sharedEnv.Main(m)) }
+// TestMain also serves as the CPU hog child: a run with Config.CPUHog
+// starts this test binary again with HogSubcommand, as rangesvc-bench's
+// main does.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == HogSubcommand {
+		if err := HogMain(os.Args[2:], os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(sharedEnv.Main(m))
+}
 
 func smallConfig() Config {
 	return Config{
@@ -216,6 +229,8 @@ func TestConfigValidation(t *testing.T) {
 		"duration": {Duration: time.Millisecond},
 		"tick":     {Tick: time.Microsecond},
 		"burst":    {BurstSize: -3},
+		"hog<0":    {CPUHog: -1},
+		"hog>max":  {CPUHog: MaxCPUHog() + 1},
 	} {
 		if err := cfg.Validate(); err == nil {
 			t.Errorf("%s: bad config accepted", name)
@@ -223,6 +238,12 @@ func TestConfigValidation(t *testing.T) {
 	}
 	if err := (Config{}).Validate(); err != nil {
 		t.Errorf("defaults rejected: %v", err)
+	}
+	if err := (Config{CPUHog: MaxCPUHog()}).Validate(); err != nil {
+		t.Errorf("CPUHog %d rejected: %v", MaxCPUHog(), err)
+	}
+	if err := (Config{CPUHog: -1}).Validate(); err == nil || !strings.Contains(err.Error(), "CPUHog -1") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("CPUHog -1: error %v, want one line naming CPUHog", err)
 	}
 }
 

@@ -28,6 +28,11 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	} else {
 		fmt.Fprintf(&b, ", adaptive blocks (refill interval %v)", time.Duration(f.RefillInterval))
 	}
+	if f.CPUHog > 0 {
+		fmt.Fprintf(&b, "; CPU hog: %d busy core(s) in a child process during the run (it burnt %.2f cores)", f.CPUHog, r.HogCPUCores)
+	} else {
+		b.WriteString("; no CPU hog")
+	}
 	b.WriteString(".\n\n| measure | value |\n|---|---|\n")
 	row := func(k, format string, args ...any) { fmt.Fprintf(&b, "| %s | %s |\n", k, fmt.Sprintf(format, args...)) }
 	reached := "target reached"
@@ -40,6 +45,9 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		100*r.ScheduleKept, f.TargetRate*time.Duration(f.Duration).Seconds(), (time.Duration(r.Elapsed) - time.Duration(f.Duration)).Round(time.Millisecond))
 	row("IDs minted", "%d in %v (%d of them in bursts; %s IDs/s in all)", r.IDs, time.Duration(r.Elapsed).Round(time.Millisecond), r.BurstIDs, report.SI(r.TotalRate))
 	row("CPU used by this process", "%.2f cores (of %d; the host's load average was %s at start)", r.CPUCores, r.Machine.NumCPU, r.Machine.LoadAvg)
+	if r.HogProblem != "" {
+		row("CPU hog", "**%s**", r.HogProblem)
+	}
 	row("latency per ID", "p50 %s · p99 %s · p99.9 %s · max %s", report.Latency(r.Latency.P50), report.Latency(r.Latency.P99), report.Latency(r.Latency.P999), report.Latency(r.Latency.Max))
 	row("tick lateness (machine keeping up?)", "p50 %s · p99 %s · max %s", report.Latency(r.TickLateness.P50), report.Latency(r.TickLateness.P99), report.Latency(r.TickLateness.Max))
 	if r.Burst.Size > 0 {

@@ -129,8 +129,12 @@ func (s *SweepReport) WriteMarkdown(w io.Writer) error {
 	fmt.Fprintf(&b, "Machine: %s. Sweep started %s.\n\n", s.Machine, s.Started.Format(time.RFC3339))
 	if r := s.first(); r != nil {
 		f := r.Fleet
-		fmt.Fprintf(&b, "Fleet per point: %d region(s) × %d workers, target %s IDs/s, %v each, %s.\n\n",
+		fmt.Fprintf(&b, "Fleet per point: %d region(s) × %d workers, target %s IDs/s, %v each, %s",
 			f.Regions, f.Workers, report.SI(f.TargetRate), time.Duration(f.Duration), f.Etcd)
+		if f.CPUHog > 0 {
+			fmt.Fprintf(&b, ", CPU hog: %d busy core(s) in a child process", f.CPUHog)
+		}
+		b.WriteString(".\n\n")
 	}
 	b.WriteString("| block (units) | span | achieved IDs/s | % of target | p50 / ID | p99 / ID | p99.9 / ID | max / ID | refills | stalls | calls > 1 ms | etcd writes/s | errors | IDs checked | duplicates |\n")
 	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")

@@ -19,7 +19,8 @@ Runs the fleet load test in this process: --regions x --workers rangeclients
 (default 4 x 200), each over loopback gRPC to its region's in-process
 rangesvc (one embedded etcd shared by all regions unless --etcd-per-region),
 paced to --rate IDs/s in total for --duration, plus a burst of --burst IDs
-from one worker every --burst-every. Every ID is verified unique and in
+from one worker every --burst-every. --cpu-hog N keeps N cores busy in a
+child process during the run, to reproduce an overloaded machine. Every ID is verified unique and in
 range at the end; exit 1 on any duplicate or out-of-range ID (and, with
 --fail-on-errors, on failed Next calls, which are otherwise reported).
 With --sweep, runs once per block size instead and writes a chart.
@@ -46,6 +47,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		rpcTimeout    = fs.Duration("rpc-timeout", rangeclient.DefaultRPCTimeout, "rangeclient RPCTimeout (each lease/refill call)")
 		failOnErrors  = fs.Bool("fail-on-errors", false, "exit 1 also when Next calls failed (default: only on a verification failure)")
 		etcdPerRegion = fs.Bool("etcd-per-region", false, "one embedded etcd per region instead of one shared")
+		cpuHog        = fs.Int("cpu-hog", 0, fmt.Sprintf("cores a child process keeps busy during the run, to reproduce overload (0..%d; 0: off)", bench.MaxCPUHog()))
 		sweep         = fs.Bool("sweep", false, "run once per block size (--sweep-blocks) and chart the results")
 		sweepBlocks   = fs.String("sweep-blocks", joinInts(bench.DefaultSweepBlocks), "comma-separated block sizes (linear units) for --sweep")
 		out           = fs.String("out", "", "with --sweep: directory for sweep.svg, sweep.md, sweep.json")
@@ -80,6 +82,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return cli.Usagef("--setup-timeout %v must be positive", *setupTimeout)
 	case *rpcTimeout <= 0:
 		return cli.Usagef("--rpc-timeout %v must be positive", *rpcTimeout)
+	case *cpuHog < 0 || *cpuHog > bench.MaxCPUHog():
+		return cli.Usagef("--cpu-hog %d not in 0..%d cores", *cpuHog, bench.MaxCPUHog())
 	}
 	if *out != "" && !*sweep {
 		return cli.Usagef("--out is only used with --sweep")
@@ -103,6 +107,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		BurstEvery:    *burstEvery,
 		NoBurst:       *burst == 0,
 		EtcdPerRegion: *etcdPerRegion,
+		CPUHog:        *cpuHog,
 		SetupTimeout:  *setupTimeout,
 		Progress:      stderr,
 		Client: rangeclient.Config{

@@ -8,14 +8,21 @@
 // `rangesvc compare` and `rangesvc bench` run this binary when it is
 // installed next to rangesvc or on $PATH.
 //
+// A hidden third subcommand, `rangesvc-bench cpu-hog --cores N`, is the
+// child process `bench --cpu-hog N` starts to keep N cores busy
+// (bench.HogMain); it is not meant to be run by hand.
+//
 // Exit codes: 0 success, 1 runtime failure, 2 bad usage. Errors go to
 // stderr; stdout carries only the command's output.
 package main
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"os"
 
+	"github.com/idrange/idrange/bench"
 	"github.com/idrange/idrange/internal/cli"
 )
 
@@ -28,7 +35,16 @@ var commands = map[string]cli.Command{
 	"bench":   {Summary: "fleet load test: regions x workers at a target rate, every ID verified", Run: runBench},
 }
 
-func main() { cli.Main(prog, commands) }
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == bench.HogSubcommand {
+		if err := bench.HogMain(os.Args[2:], os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(cli.ExitFailure)
+		}
+		return
+	}
+	cli.Main(prog, commands)
+}
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return cli.Run(ctx, prog, commands, args, stdout, stderr)
