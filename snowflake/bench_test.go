@@ -131,9 +131,9 @@ func BenchmarkCap(b *testing.B) {
 			benchCap(b, n, func() (err error) { buf, err = g.AppendN(ctx, buf[:0], n); return err })
 		})
 	}
-	b.Run("Next8Goroutines", func(b *testing.B) {
+	b.Run("NextParallel", func(b *testing.B) {
 		g := benchGen(b, nil)
-		b.SetParallelism(4) // 4 x GOMAXPROCS goroutines
+		b.SetParallelism(4) // 4 goroutines per GOMAXPROCS, sharing one code
 		start := time.Now()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
