@@ -317,7 +317,7 @@ func runStrategy(ctx context.Context, cfg Config, s Strategy) Result {
 		fmt.Fprintf(cfg.Progress, "compare: %-16s failed to start: %v\n", res.Name, err)
 		return res
 	}
-	v := newVerifier(res.Info)
+	v := newVerifier(s)
 	keep := cfg.VerifyMax
 	var callErr error
 	for i, g := range []int{1, cfg.Goroutines} {
@@ -521,7 +521,7 @@ func (r *goroutineResult) note(ms, t0Ms, nowMs int64) {
 // verifier checks the IDs one strategy kept: 64-bit IDs with idcheck
 // (uniqueness and, in snowflake's layout, every field's range; in a peer's
 // layout, uniqueness and the sign bit there and the timestamp's range
-// here, through Info.Timestamp), UUIDs by sorting.
+// here, through TimeDecoder), UUIDs by sorting.
 type verifier struct {
 	ids        *idcheck.Checker
 	uuids      uuidSet
@@ -531,9 +531,12 @@ type verifier struct {
 	example    string                // the first of them
 }
 
-func newVerifier(info Info) *verifier {
+func newVerifier(s Strategy) *verifier {
 	now := time.Now()
-	v := &verifier{timestamp: info.Timestamp, lo: now.Add(-time.Hour), hi: now.Add(time.Hour)} // a lead beyond MaxLead (15 s) is a bug
+	v := &verifier{lo: now.Add(-time.Hour), hi: now.Add(time.Hour)} // a lead beyond MaxLead (15 s) is a bug
+	if d, ok := s.(TimeDecoder); ok {
+		v.timestamp = d.IDTime
+	}
 	cfg := idcheck.Config{NotBefore: v.lo, NotAfter: v.hi}
 	if v.timestamp != nil {
 		cfg = idcheck.Config{} // another layout: idcheck's field checks do not apply

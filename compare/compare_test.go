@@ -245,9 +245,17 @@ type timeShifted struct{ Strategy }
 func (s timeShifted) Info() Info {
 	i := s.Strategy.Info()
 	i.Name += "-shifted"
-	ts := i.Timestamp
-	i.Timestamp = func(id int64) time.Time { return ts(id).Add(2 * time.Hour) }
 	return i
+}
+
+func (s timeShifted) IDTime(id int64) time.Time {
+	return s.Strategy.(TimeDecoder).IDTime(id).Add(2 * time.Hour)
+}
+
+// dupPeer plants a duplicate among a peer's IDs (in the peer's layout).
+type dupPeer struct {
+	dupStrategy
+	TimeDecoder
 }
 
 // The peers' IDs go through the same uniqueness check as ours (a planted
@@ -255,14 +263,14 @@ func (s timeShifted) Info() Info {
 // a range check (a decoder two hours off is caught).
 func TestPeerIDsVerified(t *testing.T) {
 	rep, err := Run(context.Background(), Config{Strategies: []Strategy{
-		Bwmarrin(), dupStrategy{Bwmarrin()}, timeShifted{Sonyflake()}}, Duration: 100 * time.Millisecond, Goroutines: 2})
+		Bwmarrin(), dupPeer{dupStrategy{Bwmarrin()}, Bwmarrin().(TimeDecoder)}, timeShifted{Sonyflake()}}, Duration: 100 * time.Millisecond, Goroutines: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if v := rep.Result(BwmarrinName).Verify; v.Duplicates != 0 || v.OutOfRange != 0 || v.Checked == 0 || v.Checked != v.Minted {
 		t.Fatalf("clean bwmarrin run: %+v", v)
 	}
-	if v := rep.Result("local-with-duplicate").Verify; v.Duplicates != 1 {
+	if v := rep.Result("local-with-duplicate").Verify; v.Duplicates != 1 || v.OutOfRange != 0 {
 		t.Fatalf("planted duplicate among bwmarrin IDs not found: %+v", v)
 	}
 	if v := rep.Result(SonyflakeName + "-shifted").Verify; v.OutOfRange != v.Checked || v.Checked == 0 || !strings.Contains(v.Problem, "out of time range") {
@@ -273,7 +281,7 @@ func TestPeerIDsVerified(t *testing.T) {
 	}
 }
 
-// The decoders in Info.Timestamp are the libraries' own: an ID minted now
+// The peers' TimeDecoders are the libraries' own decoders: an ID minted now
 // decodes to now.
 func TestPeerTimestamps(t *testing.T) {
 	for _, s := range []Strategy{Bwmarrin(), Sonyflake()} {
@@ -289,7 +297,7 @@ func TestPeerTimestamps(t *testing.T) {
 		after := time.Now()
 		inst.Close()
 		for _, id := range b.IDs {
-			ts := s.Info().Timestamp(int64(id))
+			ts := s.(TimeDecoder).IDTime(int64(id))
 			if ts.Before(before.Add(-10*time.Millisecond)) || ts.After(after) {
 				t.Errorf("%s: id %d decodes to %v, minted between %v and %v", s.Info().Name, id, ts, before, after)
 			}

@@ -25,18 +25,28 @@ const BwmarrinNode = 1
 // clock from NewNode on and keeps no ceiling: a restart with the clock set
 // back can repeat IDs.
 func Bwmarrin() Strategy {
-	return NewStrategy(Info{
+	return peerStrategy{NewStrategy(Info{
 		Name: BwmarrinName, Description: "github.com/bwmarrin/snowflake Node.Generate, static node, no network",
 		Bits: 64, BytesPerID: 8, Deterministic: true, TimeOrdered: true,
-		Timestamp: func(id int64) time.Time { return time.UnixMilli(bwsnow.ParseInt64(id).Time()) },
 	}, func(context.Context, Env) (Instance, error) {
 		n, err := bwsnow.NewNode(BwmarrinNode)
 		if err != nil {
 			return nil, errors.Wrap(err, "bwmarrin/snowflake NewNode")
 		}
 		return bwmarrinInstance{n}, nil
-	})
+	}), func(id int64) time.Time { return time.UnixMilli(bwsnow.ParseInt64(id).Time()) }}
 }
+
+// peerStrategy is a strategy minting in a peer library's layout, with the
+// library's decoder of an ID's time.
+type peerStrategy struct {
+	Strategy
+	decode func(id int64) time.Time
+}
+
+var _ TimeDecoder = peerStrategy{}
+
+func (p peerStrategy) IDTime(id int64) time.Time { return p.decode(id) }
 
 type bwmarrinInstance struct{ n *bwsnow.Node }
 
@@ -69,15 +79,14 @@ func sonyflakeSettings() sonyflake.Settings {
 // It reads the wall clock and keeps no ceiling.
 func Sonyflake() Strategy {
 	dec, decErr := sonyflake.New(sonyflakeSettings())
-	info := Info{
+	decode := func(int64) time.Time { return time.Time{} } // Start fails with decErr
+	if decErr == nil {
+		decode = dec.ToTime
+	}
+	return peerStrategy{NewStrategy(Info{
 		Name: SonyflakeName, Description: "github.com/sony/sonyflake/v2 NextID, static machine ID, no network",
 		Bits: 64, BytesPerID: 8, Deterministic: true, TimeOrdered: true,
-		Timestamp: func(int64) time.Time { return time.Time{} },
-	}
-	if decErr == nil {
-		info.Timestamp = dec.ToTime
-	}
-	return NewStrategy(info, func(context.Context, Env) (Instance, error) {
+	}, func(context.Context, Env) (Instance, error) {
 		if decErr != nil {
 			return nil, errors.Wrap(decErr, "sonyflake.New")
 		}
@@ -86,7 +95,7 @@ func Sonyflake() Strategy {
 			return nil, errors.Wrap(err, "sonyflake.New")
 		}
 		return sonyflakeInstance{sf}, nil
-	})
+	}), decode}
 }
 
 type sonyflakeInstance struct{ sf *sonyflake.Sonyflake }

@@ -50,11 +50,15 @@ type Info struct {
 	TimeOrdered bool `json:"time_ordered"`
 	// NeedsRegion: the strategy talks to the range service.
 	NeedsRegion bool `json:"-"`
-	// Timestamp, when set, decodes the creation time of a 64-bit ID in a
-	// layout other than snowflake's (a peer library's). The check then
-	// covers uniqueness, the sign bit and this time's range; nil means
-	// snowflake's layout, checked field by field.
-	Timestamp func(id int64) time.Time `json:"-"`
+}
+
+// TimeDecoder is implemented by strategies whose 64-bit IDs are in a layout
+// other than snowflake's (the peer libraries). IDTime is the instant an
+// ID's timestamp names, decoded by the library; the check then covers
+// uniqueness, the sign bit and that instant's range instead of snowflake's
+// fields.
+type TimeDecoder interface {
+	IDTime(id int64) time.Time
 }
 
 // Env is what a strategy may use when it starts.
@@ -99,8 +103,7 @@ type Worker interface {
 }
 
 // Batch receives the IDs of one call: 64-bit IDs in IDs (in snowflake's
-// layout unless the strategy's Info.Timestamp says otherwise), 128-bit ones
-// in UUIDs.
+// layout unless the strategy is a TimeDecoder), 128-bit ones in UUIDs.
 type Batch struct {
 	IDs   []snowflake.ID
 	UUIDs [][16]byte
