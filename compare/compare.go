@@ -5,6 +5,10 @@
 // The strategies (see Default):
 //
 //   - local: snowflake.Generator with a statically assigned code, no network;
+//   - bwmarrin and sonyflake: the libraries a user would pick instead,
+//     github.com/bwmarrin/snowflake (4,096 IDs/ms per node) and
+//     github.com/sony/sonyflake/v2 (256 IDs per 10 ms, 25,600/s, per
+//     machine ID), each with a static node or machine ID, run as they ship;
 //   - buffered: rangeclient against a real rangesvc (embedded etcd, loopback
 //     gRPC): blocks of (timestamp, sequence) space prefetched in the
 //     background, an in-memory step per ID;
@@ -23,7 +27,8 @@
 // counted by a client interceptor, etcd writes by a counter on the service's
 // store (successful grants, acquisitions and releases), and every 64-bit ID
 // (up to Config.VerifyMax per strategy) is checked unique and in range with
-// internal/idcheck.
+// internal/idcheck (a peer's IDs for uniqueness, and their timestamps, as
+// the library decodes them, for range).
 //
 // The figures include the harness: two clock readings and a histogram
 // record per call (about 50 ns on a current core), which dominates the local
@@ -37,6 +42,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -311,13 +317,11 @@ func runStrategy(ctx context.Context, cfg Config, s Strategy) Result {
 		fmt.Fprintf(cfg.Progress, "compare: %-16s failed to start: %v\n", res.Name, err)
 		return res
 	}
-	checker, _ := idcheck.New(idcheck.Config{NotBefore: time.Now().Add(-time.Hour),
-		NotAfter: time.Now().Add(time.Hour)}) // a lead beyond MaxLead (15 s) is a bug
-	uuids := &uuidSet{}
+	v := newVerifier(s)
 	keep := cfg.VerifyMax
 	var callErr error
 	for i, g := range []int{1, cfg.Goroutines} {
-		ph, err := runPhase(ctx, cfg, inst, g, cfg.Duration/2, keep/2, checker, uuids, uint64(i))
+		ph, err := runPhase(ctx, cfg, inst, g, cfg.Duration/2, keep/2, v, uint64(i))
 		if i == 0 {
 			res.Single = ph
 		} else {
@@ -344,19 +348,8 @@ func runStrategy(ctx context.Context, cfg Config, s Strategy) Result {
 		res.EtcdWritesPer1M = float64(writes) * 1e6 / float64(total)
 		res.WireBytesPerID = float64(rpc.SentBytes+rpc.RecvBytes) / float64(total)
 	}
+	res.Verify = v.result(res.Bits)
 	res.Verify.Minted = total
-	if res.Bits == 64 {
-		v := checker.Check()
-		res.Verify.Checked, res.Verify.Duplicates, res.Verify.OutOfRange = v.Checked, v.Duplicates, v.OutOfRange
-		if err := v.Err(); err != nil && v.Checked > 0 {
-			res.Verify.Problem = err.Error()
-		}
-	} else {
-		res.Verify.Checked, res.Verify.Duplicates = uuids.check()
-		if res.Verify.Duplicates > 0 {
-			res.Verify.Problem = fmt.Sprintf("%d duplicate UUIDs", res.Verify.Duplicates)
-		}
-	}
 	if callErr != nil {
 		res.Error = callErr.Error()
 	}
@@ -404,7 +397,7 @@ type goroutineResult struct {
 }
 
 func runPhase(ctx context.Context, cfg Config, inst Instance, g int, d time.Duration, keep int,
-	checker *idcheck.Checker, uuids *uuidSet, phase uint64) (Phase, error) {
+	v *verifier, phase uint64) (Phase, error) {
 	ph := Phase{Goroutines: g}
 	rpc0 := inst.Calls()
 	waits0 := waitsOf(inst)
@@ -431,7 +424,7 @@ func runPhase(ctx context.Context, cfg Config, inst Instance, g int, d time.Dura
 	for i := range g {
 		go func() {
 			defer func() { done <- struct{}{} }()
-			runGoroutine(pctx, workers[i], results[i], newBatchSizes(cfg.Seed, phase<<32|uint64(i), cfg.BatchMin, cfg.BatchMax), deadline, quota)
+			runGoroutine(pctx, workers[i], results[i], newBatchSizes(cfg.Seed, phase<<32|uint64(i), cfg.BatchMin, cfg.BatchMax), deadline, quota, v.unixMs)
 		}()
 	}
 	for range g {
@@ -450,8 +443,7 @@ func runPhase(ctx context.Context, cfg Config, inst Instance, g int, d time.Dura
 		if r.err != nil && firstErr == nil {
 			firstErr = r.err
 		}
-		checker.Add(r.kept...)
-		uuids.add(r.keptU)
+		v.add(r.kept, r.keptU)
 	}
 	ph.Latency = hist.Summary()
 	if s := time.Duration(ph.Elapsed).Seconds(); s > 0 {
@@ -465,7 +457,8 @@ func runPhase(ctx context.Context, cfg Config, inst Instance, g int, d time.Dura
 	return ph, firstErr
 }
 
-func runGoroutine(ctx context.Context, w Worker, r *goroutineResult, sizes *batchSizes, deadline time.Time, quota int64) {
+func runGoroutine(ctx context.Context, w Worker, r *goroutineResult, sizes *batchSizes, deadline time.Time, quota int64,
+	unixMs func(snowflake.ID) int64) {
 	var out Batch
 	now := time.Now()
 	for now.Before(deadline) && (quota == 0 || r.ids < quota) {
@@ -490,8 +483,8 @@ func runGoroutine(ctx context.Context, w Worker, r *goroutineResult, sizes *batc
 			r.lastID, r.haveLast = id, true
 		}
 		if len(out.IDs) > 0 {
-			r.note(snowflake.MsTime(out.IDs[0].Ms()).UnixMilli(), t0Ms, nowMs)
-			r.note(snowflake.MsTime(out.IDs[len(out.IDs)-1].Ms()).UnixMilli(), t0Ms, nowMs)
+			r.note(unixMs(out.IDs[0]), t0Ms, nowMs)
+			r.note(unixMs(out.IDs[len(out.IDs)-1]), t0Ms, nowMs)
 			if room := r.keepCap - len(r.kept); room > 0 {
 				r.kept = append(r.kept, out.IDs[:min(room, len(out.IDs))]...)
 			}
@@ -523,4 +516,77 @@ func (r *goroutineResult) note(ms, t0Ms, nowMs int64) {
 	if ms < t0Ms {
 		r.maxLag = max(r.maxLag, t0Ms-ms)
 	}
+}
+
+// verifier checks the IDs one strategy kept: 64-bit IDs with idcheck
+// (uniqueness and, in snowflake's layout, every field's range; in a peer's
+// layout, uniqueness and the sign bit there and the timestamp's range
+// here, through TimeDecoder), UUIDs by sorting.
+type verifier struct {
+	ids        *idcheck.Checker
+	uuids      uuidSet
+	timestamp  func(int64) time.Time // nil: snowflake's layout
+	lo, hi     time.Time             // allowed creation times
+	outOfRange int64                 // peer IDs whose time is outside [lo, hi]
+	example    string                // the first of them
+}
+
+func newVerifier(s Strategy) *verifier {
+	now := time.Now()
+	v := &verifier{lo: now.Add(-time.Hour), hi: now.Add(time.Hour)} // a lead beyond MaxLead (15 s) is a bug
+	if d, ok := s.(TimeDecoder); ok {
+		v.timestamp = d.IDTime
+	}
+	cfg := idcheck.Config{NotBefore: v.lo, NotAfter: v.hi}
+	if v.timestamp != nil {
+		cfg = idcheck.Config{} // another layout: idcheck's field checks do not apply
+	}
+	v.ids, _ = idcheck.New(cfg)
+	return v
+}
+
+// unixMs is the Unix millisecond an ID's timestamp names.
+func (v *verifier) unixMs(id snowflake.ID) int64 {
+	if v.timestamp != nil {
+		return v.timestamp(int64(id)).UnixMilli()
+	}
+	return snowflake.MsTime(id.Ms()).UnixMilli()
+}
+
+func (v *verifier) add(ids []snowflake.ID, uuids [][16]byte) {
+	v.ids.Add(ids...)
+	v.uuids.add(uuids)
+	if v.timestamp == nil {
+		return
+	}
+	for _, id := range ids {
+		if t := v.timestamp(int64(id)); t.Before(v.lo) || t.After(v.hi) {
+			if v.outOfRange == 0 {
+				v.example = fmt.Sprintf("id %d names %s, outside %s..%s", int64(id), t.Format(time.RFC3339Nano),
+					v.lo.Format(time.RFC3339), v.hi.Format(time.RFC3339))
+			}
+			v.outOfRange++
+		}
+	}
+}
+
+// result checks what was added (Minted is left to the caller).
+func (v *verifier) result(bits int) Verify {
+	var out Verify
+	if bits != 64 {
+		out.Checked, out.Duplicates = v.uuids.check()
+		if out.Duplicates > 0 {
+			out.Problem = fmt.Sprintf("%d duplicate UUIDs", out.Duplicates)
+		}
+		return out
+	}
+	r := v.ids.Check()
+	out.Checked, out.Duplicates, out.OutOfRange = r.Checked, r.Duplicates, r.OutOfRange+v.outOfRange
+	if err := r.Err(); err != nil && r.Checked > 0 {
+		out.Problem = err.Error()
+	}
+	if v.outOfRange > 0 {
+		out.Problem = strings.TrimPrefix(out.Problem+"; ", "; ") + fmt.Sprintf("%d IDs out of time range: %s", v.outOfRange, v.example)
+	}
+	return out
 }

@@ -36,7 +36,7 @@ func nextMinter(ctx context.Context, a segment.Allocator, region int) (service.M
 func TestMain(m *testing.M) { os.Exit(sharedRegion.Main(m)) }
 
 // A short run of every built-in strategy produces a complete report: all
-// five present, positive rates and latencies, the network strategies
+// seven present, positive rates and latencies, the network strategies
 // counted (RPCs, etcd writes) and the local ones not, every 64-bit ID
 // checked, JSON that decodes back, and Markdown with both tables.
 func TestRunAllStrategies(t *testing.T) {
@@ -52,7 +52,7 @@ func TestRunAllStrategies(t *testing.T) {
 	}
 
 	back := reporttest.RoundTrip[Report](t, rep.WriteJSON)
-	want := []string{LocalName, BufferedName, PerIDRPCName, SegmentPerCallName, UUIDv7Name}
+	want := []string{LocalName, BwmarrinName, SonyflakeName, BufferedName, PerIDRPCName, SegmentPerCallName, UUIDv7Name}
 	if len(back.Results) != len(want) {
 		t.Fatalf("%d results, want %d", len(back.Results), len(want))
 	}
@@ -98,12 +98,36 @@ func TestRunAllStrategies(t *testing.T) {
 	if u := back.Result(UUIDv7Name); u.Bits != 128 || u.Deterministic || u.BytesPerID != 16 {
 		t.Errorf("uuidv7 info %+v", u.Info)
 	}
+	for _, name := range []string{BwmarrinName, SonyflakeName} {
+		p := back.Result(name)
+		if p.Bits != 64 || p.BytesPerID != 8 || !p.Deterministic || !p.TimeOrdered {
+			t.Errorf("%s info %+v", name, p.Info)
+		}
+		if p.RPCsPer1M != 0 || p.EtcdWritesPer1M != 0 {
+			t.Errorf("%s: %v RPCs/1M, %v etcd writes/1M, want none", name, p.RPCsPer1M, p.EtcdWritesPer1M)
+		}
+		// The library's own decoding puts every ID within a second of the
+		// call that got it (a wrong epoch or shift would be years off).
+		for _, ph := range []Phase{p.Single, p.Multi} {
+			if ph.MaxLeadMs > 1000 || ph.MaxLagMs > 1000 {
+				t.Errorf("%s at %d goroutines: timestamps up to %d ms ahead / %d ms behind the clock", name, ph.Goroutines, ph.MaxLeadMs, ph.MaxLagMs)
+			}
+		}
+	}
+	// sonyflake's cap: 256 IDs per 10 ms unit per machine ID (plus what is
+	// left of the unit in progress when a phase starts).
+	for _, ph := range []Phase{back.Result(SonyflakeName).Single, back.Result(SonyflakeName).Multi} {
+		if units := int64(time.Duration(ph.Elapsed)/(10*time.Millisecond)) + 2; ph.IDs > 256*units {
+			t.Errorf("sonyflake at %d goroutines: %d IDs in %v, above its cap of 256 per 10 ms", ph.Goroutines, ph.IDs, time.Duration(ph.Elapsed))
+		}
+	}
 
 	var md bytes.Buffer
 	if err := rep.WriteMarkdown(&md); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range append(want, "| strategy | goroutines | IDs/s |", "etcd writes / 1M IDs", "buffered vs local", "per-ID RPC vs buffered") {
+	for _, s := range append(want, "| strategy | goroutines | IDs/s |", "etcd writes / 1M IDs", "buffered vs local", "per-ID RPC vs buffered",
+		"bwmarrin vs local", "sonyflake vs local", "25,600 IDs/s per machine ID") {
 		if !strings.Contains(md.String(), s) {
 			t.Errorf("markdown lacks %q:\n%s", s, md.String())
 		}
@@ -205,7 +229,78 @@ func TestIDsBoundAndConfig(t *testing.T) {
 			t.Errorf("%s: bad config accepted", name)
 		}
 	}
-	if _, err := ByName([]string{"local", "nope"}); err == nil {
-		t.Error("unknown strategy name accepted")
+	if _, err := ByName([]string{"local", "nope"}); err == nil || !strings.Contains(err.Error(), SonyflakeName) {
+		t.Errorf("unknown strategy name: %v, want an error listing the names", err)
+	}
+	got, err := ByName([]string{SonyflakeName, BwmarrinName})
+	if err != nil || len(got) != 2 || got[0].Info().Name != SonyflakeName || got[1].Info().Name != BwmarrinName {
+		t.Errorf("ByName(sonyflake, bwmarrin) = %v, %v", got, err)
+	}
+}
+
+// timeShifted reports a peer's IDs as minted two hours later than the
+// library says, to prove the range check of a peer layout can fail.
+type timeShifted struct{ Strategy }
+
+func (s timeShifted) Info() Info {
+	i := s.Strategy.Info()
+	i.Name += "-shifted"
+	return i
+}
+
+func (s timeShifted) IDTime(id int64) time.Time {
+	return s.Strategy.(TimeDecoder).IDTime(id).Add(2 * time.Hour)
+}
+
+// dupPeer plants a duplicate among a peer's IDs (in the peer's layout).
+type dupPeer struct {
+	dupStrategy
+	TimeDecoder
+}
+
+// The peers' IDs go through the same uniqueness check as ours (a planted
+// duplicate is found), and their timestamps, decoded by the library, through
+// a range check (a decoder two hours off is caught).
+func TestPeerIDsVerified(t *testing.T) {
+	rep, err := Run(context.Background(), Config{Strategies: []Strategy{
+		Bwmarrin(), dupPeer{dupStrategy{Bwmarrin()}, Bwmarrin().(TimeDecoder)}, timeShifted{Sonyflake()}}, Duration: 100 * time.Millisecond, Goroutines: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := rep.Result(BwmarrinName).Verify; v.Duplicates != 0 || v.OutOfRange != 0 || v.Checked == 0 || v.Checked != v.Minted {
+		t.Fatalf("clean bwmarrin run: %+v", v)
+	}
+	if v := rep.Result("local-with-duplicate").Verify; v.Duplicates != 1 || v.OutOfRange != 0 {
+		t.Fatalf("planted duplicate among bwmarrin IDs not found: %+v", v)
+	}
+	if v := rep.Result(SonyflakeName + "-shifted").Verify; v.OutOfRange != v.Checked || v.Checked == 0 || !strings.Contains(v.Problem, "out of time range") {
+		t.Fatalf("sonyflake IDs decoded two hours off: %+v, want all out of range", v)
+	}
+	if !errors.Is(rep.Err(), ErrVerify) {
+		t.Fatalf("Err = %v, want ErrVerify", rep.Err())
+	}
+}
+
+// The peers' TimeDecoders are the libraries' own decoders: an ID minted now
+// decodes to now.
+func TestPeerTimestamps(t *testing.T) {
+	for _, s := range []Strategy{Bwmarrin(), Sonyflake()} {
+		inst, err := s.Start(context.Background(), Env{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b Batch
+		before := time.Now()
+		if err := inst.Worker().Mint(context.Background(), 3, &b); err != nil {
+			t.Fatal(err)
+		}
+		after := time.Now()
+		inst.Close()
+		for _, id := range b.IDs {
+			ts := s.(TimeDecoder).IDTime(int64(id))
+			if ts.Before(before.Add(-10*time.Millisecond)) || ts.After(after) {
+				t.Errorf("%s: id %d decodes to %v, minted between %v and %v", s.Info().Name, id, ts, before, after)
+			}
+		}
 	}
 }

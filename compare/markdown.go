@@ -63,11 +63,21 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 			ratioStr(rpc.Single.IDsPerSec/buf.Single.IDsPerSec), ratioStr(rpc.Multi.IDsPerSec/buf.Multi.IDsPerSec),
 			r.Goroutines, report.Latency(rpc.Single.Latency.P99), report.Latency(buf.Single.Latency.P99))
 	}
+	for _, peer := range []*Result{r.Result(BwmarrinName), r.Result(SonyflakeName)} {
+		if local != nil && peer != nil && peer.Single.IDsPerSec > 0 && peer.Multi.IDsPerSec > 0 {
+			fmt.Fprintf(&b, "- %s vs local: %s at 1 goroutine, %s at %d; p50 per call %s vs %s, p99 %s vs %s.\n",
+				peer.Name, ratioStr(peer.RatioSingle), ratioStr(peer.RatioMulti), r.Goroutines,
+				report.Latency(peer.Single.Latency.P50), report.Latency(local.Single.Latency.P50),
+				report.Latency(peer.Single.Latency.P99), report.Latency(local.Single.Latency.P99))
+		}
+	}
 	b.WriteString(`
 Notes:
 - Latency is per call (1 call = k IDs) as the caller sees it, harness included (two clock readings and a histogram record per call).
-- waits: for local, calls that found all 4,096 sequences of the millisecond used and slept to the next one. One code mints at most 4,096 IDs/ms (4.096M/s); a tight loop reaches that, so local is capped below it.
+- waits: for local, calls that found all 4,096 sequences of the millisecond used and waited (spinning on the clock) for the next one; bwmarrin busy-waits and sonyflake sleeps in the same case, uncounted. One code mints at most 4,096 IDs/ms (4.096M/s); a tight loop reaches that, so local is capped below it.
 - buffered can exceed 4.096M/s per code for a while: its cursor runs ahead of the clock inside blocks it already holds (max ts lead). The service bounds the lead (MaxLead, 15 s), after which grants are refused with backpressure, so its sustained ceiling per code is the same 4.096M/s.
+- Caps per code: local, buffered and bwmarrin mint at most 4,096 IDs/ms (4.096M/s) per worker code or node (12-bit sequence per millisecond); sonyflake at most 256 per 10 ms unit, 25,600 IDs/s per machine ID (8-bit sequence, 10 ms time unit), so one sonyflake instance is capped far below the others and its calls wait up to 10 ms once it saturates; per-id-rpc is bounded by one round trip per ID; uuidv7 has no cap (random bits, not deterministic). More throughput than one code's cap takes more codes (instances), each with its own worker, node or machine ID.
+- bwmarrin and sonyflake run as they ship (their own epochs and layouts, a static node / machine ID); their IDs are checked for uniqueness and their timestamps (decoded by the library) for range. Neither persists a clock ceiling: a restart with the clock set back can repeat IDs, which local's high-water mark and the service's leases rule out.
 - etcd writes are counted at the store: successful block grants, lease acquisitions and releases. network calls are counted by a client interceptor (lease renewals included).
 `)
 	for _, res := range r.Results {

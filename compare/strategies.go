@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,6 +29,8 @@ const (
 	PerIDRPCName       = "per-id-rpc"
 	SegmentPerCallName = "segment-per-call"
 	UUIDv7Name         = "uuidv7"
+	BwmarrinName       = "bwmarrin"
+	SonyflakeName      = "sonyflake"
 )
 
 // Info describes a strategy: its name and the properties it has by
@@ -47,6 +50,15 @@ type Info struct {
 	TimeOrdered bool `json:"time_ordered"`
 	// NeedsRegion: the strategy talks to the range service.
 	NeedsRegion bool `json:"-"`
+}
+
+// TimeDecoder is implemented by strategies whose 64-bit IDs are in a layout
+// other than snowflake's (the peer libraries). IDTime is the instant an
+// ID's timestamp names, decoded by the library; the check then covers
+// uniqueness, the sign bit and that instant's range instead of snowflake's
+// fields.
+type TimeDecoder interface {
+	IDTime(id int64) time.Time
 }
 
 // Env is what a strategy may use when it starts.
@@ -90,29 +102,33 @@ type Worker interface {
 	Mint(ctx context.Context, n int, out *Batch) error
 }
 
-// Batch receives the IDs of one call.
+// Batch receives the IDs of one call: 64-bit IDs in IDs (in snowflake's
+// layout unless the strategy is a TimeDecoder), 128-bit ones in UUIDs.
 type Batch struct {
 	IDs   []snowflake.ID
 	UUIDs [][16]byte
 }
 
-// Default returns the five built-in strategies in report order.
+// Default returns the built-in strategies in report order: local minting
+// and the two peer libraries a user would pick instead of it, then the
+// service-backed strategies, then UUIDv7.
 func Default() []Strategy {
-	return []Strategy{Local(), Buffered(rangeclient.Config{}), PerIDRPC(), SegmentPerCall(), UUIDv7()}
+	return []Strategy{Local(), Bwmarrin(), Sonyflake(), Buffered(rangeclient.Config{}), PerIDRPC(), SegmentPerCall(), UUIDv7()}
 }
 
 // ByName returns the built-in strategies named, in the order given.
 func ByName(names []string) ([]Strategy, error) {
 	all := map[string]Strategy{}
+	var known []string
 	for _, s := range Default() {
 		all[s.Info().Name] = s
+		known = append(known, s.Info().Name)
 	}
 	out := make([]Strategy, 0, len(names))
 	for _, n := range names {
 		s, ok := all[n]
 		if !ok {
-			return nil, errors.Newf("compare: unknown strategy %q (want %s, %s, %s, %s or %s)",
-				n, LocalName, BufferedName, PerIDRPCName, SegmentPerCallName, UUIDv7Name)
+			return nil, errors.Newf("compare: unknown strategy %q (want one of %s)", n, strings.Join(known, ", "))
 		}
 		out = append(out, s)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -104,7 +105,9 @@ func (c *Config) validate() error {
 // The hot path is one compare-and-swap on the packed position
 // L = ms<<12 | seq of the last ID handed out, so it is lock-free and does not
 // allocate. A sequence is never reused within a millisecond (the CAS) and
-// never wraps: when 4,096 are used, callers wait for the next millisecond.
+// never wraps: when 4,096 are used, callers wait for the next millisecond,
+// spinning on the clock for that last fraction of a millisecond rather than
+// sleeping past it, so one code sustains its full 4,096 IDs/ms.
 // The generator never mints in a millisecond above its durable ceiling, so a
 // restart (whose floor is that ceiling + 1) cannot repeat an ID.
 type Generator struct {
@@ -278,17 +281,78 @@ func (g *Generator) reserve(ctx context.Context, n int) (int64, int64, error) {
 	}
 }
 
-// waitFor sleeps until the clock reaches millisecond ms, unless ctx's
-// deadline comes first, in which case it fails at once with kind.
+// maxSpin is the longest wait spent spinning on the clock instead of
+// sleeping: the rest of a millisecond whose 4,096 sequences are used up.
+// A timer wakes late (tens of microseconds to a millisecond past its time,
+// more on a busy machine), and every microsecond slept past the boundary is
+// capacity lost at the cap; spinning for the last fraction ends the wait on
+// the boundary. Longer waits (a clock rollback, the start floor) sleep.
+const maxSpin = time.Millisecond
+
+// frozenReads is how many clock readings in a row may return the same time
+// before spin gives up on the clock moving and sleeps instead (a clock with
+// coarse resolution, or the fake clock of a testing/synctest bubble, which
+// only moves while every goroutine in it is blocked).
+const frozenReads = 64
+
+// waitFor waits until the clock reaches millisecond ms, unless ctx's
+// deadline comes first, in which case it fails at once with kind. A wait of
+// up to maxSpin spins on the clock; a longer one sleeps. It may return
+// before ms (the clock moved back meanwhile); callers re-read the clock.
 func (g *Generator) waitFor(ctx context.Context, ms int64, kind error) error {
-	d := MsTime(ms).Sub(g.now())
+	target := MsTime(ms)
+	d := target.Sub(g.now())
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
 		return fmt.Errorf("would wait %v, context deadline is in %v: %w", d, time.Until(dl), kind)
+	}
+	if d > 0 && d <= maxSpin {
+		frozen, err := g.spin(ctx, target)
+		if err != nil {
+			return fmt.Errorf("waiting %v: %v: %w", d, err, kind)
+		}
+		if !frozen {
+			return nil
+		}
+		// The clock stood still: sleep the rest on a timer.
+		if d = target.Sub(g.now()); d > maxSpin {
+			return nil
+		}
 	}
 	if err := sleep(ctx, d); err != nil {
 		return fmt.Errorf("waiting %v: %v: %w", d, err, kind)
 	}
 	return nil
+}
+
+// spin yields the processor (runtime.Gosched) between clock readings until
+// the clock reaches target, the clock moves back (the caller re-reads it and
+// sees the rollback), or 2*maxSpin of real time has passed. It returns
+// ctx's error if ctx ends first, and frozen when the clock stood still for
+// frozenReads readings. Only a caller that must wait spins, for at most
+// about a millisecond, so an idle generator costs no CPU.
+func (g *Generator) spin(ctx context.Context, target time.Time) (frozen bool, err error) {
+	done := ctx.Done()
+	start := time.Now()
+	prev := g.now()
+	for still := 0; still < frozenReads; {
+		select {
+		case <-done:
+			return false, ctx.Err()
+		default:
+		}
+		runtime.Gosched()
+		t := g.now()
+		switch {
+		case !t.Before(target), t.Before(prev), time.Since(start) > 2*maxSpin:
+			return false, nil
+		case t.Equal(prev):
+			still++
+		default:
+			still = 0
+		}
+		prev = t
+	}
+	return true, nil
 }
 
 // sleep waits for d or until ctx is done, whichever is first, and returns

@@ -469,3 +469,120 @@ func TestNextNCountsAndAllocs(t *testing.T) {
 		t.Fatalf("AppendN allocates %v per call", a)
 	}
 }
+
+// readClock is a clock on a millisecond boundary that advances 1 ns per
+// reading, and calls at(n) at every nth reading (under no lock: at must be
+// safe for concurrent use).
+type readClock struct {
+	base  time.Time
+	reads atomic.Int64
+	at    func(n int64) time.Duration // extra offset from reading n on
+}
+
+func (c *readClock) Now() time.Time {
+	n := c.reads.Add(1)
+	t := c.base.Add(time.Duration(n))
+	if c.at != nil {
+		t = t.Add(c.at(n))
+	}
+	return t
+}
+
+// exhaust mints the 4,096 IDs of the generator's current millisecond.
+func exhaust(t *testing.T, g *Generator) {
+	t.Helper()
+	if _, err := g.NextN(context.Background(), MaxSequence+1); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A caller that finds the millisecond used up spins on the clock (reads it
+// again and again, ending on the boundary) instead of sleeping past it, and
+// ctx still ends the wait with ErrSequenceExhausted.
+func TestExhaustedWaitSpinsAndHonoursContext(t *testing.T) {
+	clk := &readClock{base: MsTime(1_000_000)}
+	g := newGenClock(t, clk.Now)
+	exhaust(t, g)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := make(chan error, 1)
+	r0 := clk.reads.Load()
+	go func() { _, err := g.Next(ctx); errc <- err }()
+	// The clock needs 1M readings to reach the next millisecond. A caller
+	// that spins reads it every few hundred nanoseconds (20,000 readings in
+	// milliseconds, in under a second on a loaded machine); one that sleeps
+	// reads it twice per timer wake-up, about once per millisecond.
+	const reads = 20_000
+	deadline := time.Now().Add(2 * time.Second)
+	for clk.reads.Load()-r0 < reads {
+		if time.Now().After(deadline) {
+			t.Fatalf("the waiting caller read the clock %d times in 2 s, want %d: it is not spinning", clk.reads.Load()-r0, reads)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, ErrSequenceExhausted) {
+			t.Fatalf("cancelled wait: %v, want ErrSequenceExhausted", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Next did not return after its context was cancelled")
+	}
+}
+
+// A clock stepped back while a caller spins for the next millisecond ends
+// the spin at once: the caller sees the rollback (ErrClockMovedBack beyond
+// MaxRollbackWait) instead of sleeping it out.
+func TestRollbackDuringSpin(t *testing.T) {
+	var backAt atomic.Int64
+	backAt.Store(1 << 62)
+	clk := &readClock{base: MsTime(2_000_000)}
+	clk.at = func(n int64) time.Duration {
+		if n >= backAt.Load() {
+			return -2 * time.Second
+		}
+		return 0
+	}
+	g := newGenClock(t, clk.Now)
+	exhaust(t, g)
+	backAt.Store(clk.reads.Load() + 100) // in the middle of the spin
+	start := time.Now()
+	_, err := g.Next(context.Background())
+	if !errors.Is(err, ErrClockMovedBack) {
+		t.Fatalf("rollback during the wait: %v, want ErrClockMovedBack", err)
+	}
+	if el := time.Since(start); el > time.Second {
+		t.Fatalf("took %v: the wait slept instead of re-reading the clock", el)
+	}
+	if s := g.Stats(); s.ClockRollbacks == 0 || s.SequenceExhausted == 0 {
+		t.Fatalf("stats %+v: want the exhaustion and the rollback counted", s)
+	}
+}
+
+// On the real clock a caller waiting for the next millisecond gets an ID of
+// that millisecond (sequence 0), so the wait ended on the boundary or after
+// it, never before.
+func TestExhaustedWaitRealClock(t *testing.T) {
+	g := newGen(t, nil, Config{})
+	ctx := context.Background()
+	for range 50 {
+		ids, err := g.NextN(ctx, MaxSequence+2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := ids[len(ids)-1]
+		if now := MsSince(time.Now()); last.Ms() > now {
+			t.Fatalf("id of ms %d returned at ms %d: the wait ended early", last.Ms(), now)
+		}
+	}
+}
+
+func newGenClock(t *testing.T, now func() time.Time) *Generator {
+	t.Helper()
+	g, err := newGenerator(Config{HighWater: NewMemHighWater(), Window: time.Hour}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}

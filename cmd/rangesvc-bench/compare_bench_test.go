@@ -51,3 +51,37 @@ func TestCompareLocalJSON(t *testing.T) {
 		t.Errorf("no progress on stderr: %q", errs)
 	}
 }
+
+// The help names every built-in strategy, so it cannot fall behind
+// compare.Default.
+func TestCompareUsageListsStrategies(t *testing.T) {
+	for _, name := range defaultStrategyNames() {
+		if !strings.Contains(compareUsage, "\n  "+name+" ") {
+			t.Errorf("compare usage does not list strategy %q", name)
+		}
+	}
+}
+
+// The peer libraries run in the same process and run as the local
+// strategies do, without a service.
+func TestComparePeersJSON(t *testing.T) {
+	code, out, errs := runCmd("compare", "--strategies", "local,bwmarrin,sonyflake", "--duration", "200ms", "--goroutines", "2", "--format", "json")
+	if code != cli.ExitOK {
+		t.Fatalf("exit %d, stderr %s", code, errs)
+	}
+	var rep compare.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("stdout is not the JSON report: %v\n%s", err, out)
+	}
+	if len(rep.Results) != 3 || rep.Results[1].Name != "bwmarrin" || rep.Results[2].Name != "sonyflake" {
+		t.Fatalf("results %+v", rep.Results)
+	}
+	for _, res := range rep.Results {
+		if res.Verify.Checked == 0 || res.Verify.Duplicates != 0 || res.Error != "" {
+			t.Errorf("%s: verify %+v, error %q", res.Name, res.Verify, res.Error)
+		}
+	}
+	if strings.Contains(errs, "starting an in-process region") {
+		t.Error("the peers started a region they do not need")
+	}
+}
