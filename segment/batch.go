@@ -13,7 +13,10 @@ import (
 // fsync) serves them all. There is no wait: a commit arriving at an idle
 // batcher is sent at once, alone, as CommitHighWater (exactly the
 // single-code transaction), so latency at low load is unchanged; under load
-// the batch is whatever queued during the previous commit, up to MaxBatch.
+// the batch is whatever queued during the commit in flight. A queue that
+// holds a full batch (MaxBatch) is sent at once too, whatever is in
+// flight, so a slow storage never caps the grant rate at one batch per
+// round trip: the slower the storage, the bigger the batches.
 //
 // Each op keeps its own compares (the storage fences it separately); one
 // op's failed compare fails only that op. A batch whose write errors fails
@@ -24,9 +27,9 @@ type batcher struct {
 	max     int
 	timeout time.Duration
 
-	mu      sync.Mutex
-	queue   []*pendingCommit
-	running bool // a goroutine (or a leading caller) is committing
+	mu       sync.Mutex
+	queue    []*pendingCommit
+	inFlight int // commits sent and not yet answered
 }
 
 // pendingCommit is one caller's op waiting in the queue.
@@ -51,24 +54,13 @@ func (b *batcher) commit(ctx context.Context, op GrantOp) (GrantResult, error) {
 	p := &pendingCommit{ctx: ctx, op: op, done: make(chan commitOutcome, 1)}
 	b.mu.Lock()
 	b.queue = append(b.queue, p)
-	lead := !b.running
-	b.running = true
-	var batch []*pendingCommit
-	if lead {
-		// The batcher was idle, so the queue held nothing but p: commit it
-		// now, in this goroutine.
-		batch = b.takeLocked()
-	}
+	batch := b.nextLocked()
 	b.mu.Unlock()
-	if lead {
+	if batch != nil {
+		// Idle (the batch is p alone) or a full batch: send it from this
+		// goroutine, then hand what queued meanwhile to another.
 		b.send(batch)
-		b.mu.Lock()
-		if len(b.queue) > 0 {
-			go b.run() // what queued meanwhile is the next batch
-		} else {
-			b.running = false
-		}
-		b.mu.Unlock()
+		b.finished()
 	}
 	select {
 	case o := <-p.done:
@@ -79,18 +71,32 @@ func (b *batcher) commit(ctx context.Context, op GrantOp) (GrantResult, error) {
 	}
 }
 
-// run commits batches until the queue is empty.
-func (b *batcher) run() {
-	for {
-		b.mu.Lock()
-		if len(b.queue) == 0 {
-			b.running = false
-			b.mu.Unlock()
-			return
-		}
-		batch := b.takeLocked()
-		b.mu.Unlock()
-		b.send(batch)
+// nextLocked takes the next batch to send now, if one is due: when nothing
+// is in flight, or when a full batch is waiting.
+func (b *batcher) nextLocked() []*pendingCommit {
+	if len(b.queue) == 0 || (b.inFlight > 0 && len(b.queue) < b.max) {
+		return nil
+	}
+	batch := b.takeLocked()
+	if len(batch) == 0 {
+		return nil
+	}
+	b.inFlight++
+	return batch
+}
+
+// finished records that a commit was answered and sends, from a new
+// goroutine, the batch that is due now, if any.
+func (b *batcher) finished() {
+	b.mu.Lock()
+	b.inFlight--
+	batch := b.nextLocked()
+	b.mu.Unlock()
+	if batch != nil {
+		go func() {
+			b.send(batch)
+			b.finished()
+		}()
 	}
 }
 

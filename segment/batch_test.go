@@ -77,7 +77,8 @@ func start(b *batcher, worker int, token int64) chan outcome {
 }
 
 // TestGroupCommitLoop: the first commit goes alone and at once; what
-// arrives while it is in flight forms the next batch (split at MaxBatch);
+// arrives while it is in flight forms the next batch, except that a full
+// batch (MaxBatch) is sent at once;
 // each op gets its own outcome, and a failed batch fails all its ops.
 func TestGroupCommitLoop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -93,17 +94,16 @@ func TestGroupCommitLoop(t *testing.T) {
 		for w := 1; w <= 6; w++ {
 			waiting = append(waiting, start(b, w, int64(w)))
 		}
-		synctest.Wait() // all six queued behind the in-flight commit
-		if got := g.sizes(); len(got) != 1 {
-			t.Fatalf("batches %v while the first commit is in flight; want none sent", got)
+		synctest.Wait() // a full batch (MaxBatch 4) is sent at once; 2 queue
+		if got := g.sizes(); len(got) != 2 || got[1] != 4 {
+			t.Fatalf("batches %v while the first commit is in flight; want [1 4]: a full batch does not wait", got)
 		}
+		g.release <- nil
 		g.release <- nil
 		if o := <-first; o.err != nil || !o.res.OK || o.res.Rev != 101 {
 			t.Fatalf("first op: %+v", o)
 		}
-		synctest.Wait() // the next batch: 4 of the 6 (MaxBatch)
-		g.release <- nil
-		synctest.Wait() // and the last 2
+		synctest.Wait() // the 2 left are the next batch
 		g.release <- errors.New("injected: outcome unknown")
 		batchOf := map[int]int{} // worker -> index of the batch that carried it
 		for i, ops := range g.batches {
