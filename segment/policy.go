@@ -25,6 +25,13 @@ const (
 	// of the service clock. 15 s means a 2 s service clock rollback still
 	// grants (starting at the HWM) with a full default block.
 	DefaultMaxLead = 15 * time.Second
+	// DefaultMinGrantPercent is the smallest share of a request a grant
+	// trimmed by the lead may carry: 75%. A client is never granted less
+	// than three quarters of what it asked for because of the lead, so a
+	// client minting flat out at the lead limit makes at most 4/3 as many
+	// grants as the same client at normal speed (its requests are sized to
+	// the same span), instead of one 1-2 ms grant per round trip.
+	DefaultMinGrantPercent = 75
 
 	// MaxBlockLimit is the largest MaxBlock any policy, service or client
 	// accepts: 100 s of span (10 x DefaultMaxBlock), far inside the wire's
@@ -48,10 +55,22 @@ type Policy struct {
 	// one whose Hi would pass it is shrunk to it. Whole milliseconds; default
 	// DefaultMaxLead.
 	MaxLead time.Duration
+	// MinGrantPercent is the least share (1..100, percent) of a request
+	// that a grant trimmed by MaxLead may carry: a request of n units whose
+	// grant would be trimmed below ceil(n*MinGrantPercent/100) units is
+	// refused with *Backpressure, RetryAfter being the service time until
+	// that much fits. Without it a client that has run ahead to the lead
+	// gets a block of the millisecond or two the clock freed since its
+	// last grant and asks again at once, writing to etcd once per round
+	// trip. A request that fits whole is granted whole whatever its size.
+	// Default DefaultMinGrantPercent.
+	MinGrantPercent int
 }
 
 // DefaultPolicy is the policy with every default.
-func DefaultPolicy() Policy { return Policy{MaxBlock: DefaultMaxBlock, MaxLead: DefaultMaxLead} }
+func DefaultPolicy() Policy {
+	return Policy{MaxBlock: DefaultMaxBlock, MaxLead: DefaultMaxLead, MinGrantPercent: DefaultMinGrantPercent}
+}
 
 // WithDefaults returns p with zero fields replaced by their defaults.
 func (p Policy) WithDefaults() Policy {
@@ -60,6 +79,9 @@ func (p Policy) WithDefaults() Policy {
 	}
 	if p.MaxLead == 0 {
 		p.MaxLead = DefaultMaxLead
+	}
+	if p.MinGrantPercent == 0 {
+		p.MinGrantPercent = DefaultMinGrantPercent
 	}
 	return p
 }
@@ -74,6 +96,8 @@ func (p Policy) Validate() error {
 		return fmt.Errorf("policy MaxLead %v not in 1ms..%v: %w", p.MaxLead, maxMaxLead, ErrInvalid)
 	case p.MaxLead%time.Millisecond != 0:
 		return fmt.Errorf("policy MaxLead %v is not a whole number of milliseconds: %w", p.MaxLead, ErrInvalid)
+	case p.MinGrantPercent < 1 || p.MinGrantPercent > 100:
+		return fmt.Errorf("policy MinGrantPercent %d not in 1..100: %w", p.MinGrantPercent, ErrInvalid)
 	}
 	return nil
 }
@@ -94,10 +118,13 @@ type Grant struct {
 //
 //	Lo = max(hwm, now<<12, 1)       (1: L 0 would be ID 0 for code 0/0)
 //	Hi = min(Lo+n, (now+MaxLead)<<12, EndL)
+//	refused if (now+MaxLead)<<12 - Lo < least
+//	least = min(ceil(n*MinGrantPercent/100), MaxLead<<12, EndL-Lo)
 //
 // Errors: ErrInvalid (n not in 1..MaxBlock, hwm negative or past EndL),
-// *Backpressure if Lo >= (now+MaxLead)<<12 (RetryAfter is the service-time
-// wait until at least one unit can be granted), ErrEpochExhausted if
+// *Backpressure if the lead leaves less than the minimum share of the
+// request (in particular if Lo >= (now+MaxLead)<<12; RetryAfter is the
+// service-time wait until that share fits), ErrEpochExhausted if
 // Lo >= EndL. Near the end of the epoch the block is shrunk to EndL rather
 // than refused, so the last millisecond is usable and the next is rejected.
 //
@@ -137,9 +164,13 @@ func (p Policy) PlanMs(hwm, nowMs, n int64) (lo, hi int64, err error) {
 	}
 	leadMs := p.MaxLead.Milliseconds()
 	limit := (nowMs + leadMs) << snowflake.SequenceBits
-	if lo >= limit {
-		// The first service ms at which (ms+lead)<<12 > lo.
-		readyMs := lo>>snowflake.SequenceBits + 1 - leadMs
+	// The least grant worth a write: a share of the request, but never
+	// more than the lead can ever hold (else a request larger than the
+	// lead would wait for ever) or than is left of the epoch.
+	least := min((n*int64(p.MinGrantPercent)+99)/100, leadMs<<snowflake.SequenceBits, EndL-lo)
+	if limit-lo < least {
+		// The first service ms at which (ms+lead)<<12 >= lo+least.
+		readyMs := (lo+least+PerMs-1)>>snowflake.SequenceBits - leadMs
 		return 0, 0, &Backpressure{RetryAfter: time.Duration(readyMs-nowMs) * time.Millisecond}
 	}
 	hi = min(lo+n, limit, EndL)

@@ -30,9 +30,21 @@ func TestPlanRule(t *testing.T) {
 		{name: "hwm ahead of now: hwm wins", hwm: now*ms + 123, n: 10, nowMs: now, lo: now*ms + 123, hi: now*ms + 133},
 		{name: "clock 2 s behind hwm still grants at hwm", hwm: (now + 2000) * ms, n: 4_096_000, nowMs: now,
 			lo: (now + 2000) * ms, hi: (now+2000)*ms + 4_096_000},
-		{name: "shrunk to the lead", hwm: (now + lead - 1) * ms, n: 10 * ms, nowMs: now,
-			lo: (now + lead - 1) * ms, hi: (now + lead) * ms},
-		{name: "one unit below the lead", hwm: (now+lead)*ms - 1, n: 5, nowMs: now, lo: (now+lead)*ms - 1, hi: (now + lead) * ms},
+		{name: "shrunk to the lead", hwm: (now + lead - 8) * ms, n: 10 * ms, nowMs: now,
+			lo: (now + lead - 8) * ms, hi: (now + lead) * ms},
+		{name: "shrunk to exactly the least share (75%)", hwm: (now+lead)*ms - 3*ms, n: 4 * ms, nowMs: now,
+			lo: (now+lead)*ms - 3*ms, hi: (now + lead) * ms},
+		{name: "one unit short of the least share: backpressure until it fits", hwm: (now+lead)*ms - 3*ms + 1, n: 4 * ms, nowMs: now,
+			retryMs: 1},
+		{name: "trimmed to 10% of the request: backpressure until 75% fits", hwm: (now + lead - 1) * ms, n: 10 * ms, nowMs: now,
+			retryMs: 7},
+		{name: "storm case: 1 s asked, 2 ms free: wait 748 ms", hwm: (now + lead - 2) * ms, n: 1000 * ms, nowMs: now,
+			retryMs: 748},
+		{name: "a small request that fits is granted whole", hwm: (now+lead)*ms - 5, n: 5, nowMs: now, lo: (now+lead)*ms - 5, hi: (now + lead) * ms},
+		{name: "one unit below the lead, 5 asked: 4 needed", hwm: (now+lead)*ms - 1, n: 5, nowMs: now, retryMs: 1},
+		{name: "one unit below the lead, 1 asked", hwm: (now+lead)*ms - 1, n: 1, nowMs: now, lo: (now+lead)*ms - 1, hi: (now + lead) * ms},
+		{name: "request larger than the lead: the least share is capped at the lead", hwm: 0, n: p.MaxBlock, nowMs: now,
+			lo: now * ms, hi: now*ms + p.MaxBlock},
 		{name: "at the lead: backpressure 1 ms", hwm: (now + lead) * ms, n: 1, nowMs: now, retryMs: 1},
 		{name: "past the lead: backpressure", hwm: (now+lead+1000)*ms + 5, n: 1, nowMs: now, retryMs: 1001},
 		{name: "max block accepted", hwm: 0, n: p.MaxBlock, nowMs: now, lo: now * ms, hi: now*ms + p.MaxBlock},
@@ -107,9 +119,11 @@ func TestPolicyValidate(t *testing.T) {
 		t.Fatal("zero policy does not default to DefaultPolicy")
 	}
 	bad := map[string]segment.Policy{
-		"MaxBlock": {MaxBlock: 0, MaxLead: time.Second},
-		"MaxLead":  {MaxBlock: 1, MaxLead: 0},
+		"MaxBlock":        {MaxBlock: 0, MaxLead: time.Second},
+		"MaxLead":         {MaxBlock: 1, MaxLead: 0},
+		"MinGrantPercent": {MaxBlock: 1, MaxLead: time.Second, MinGrantPercent: 101},
 	}
+	bad["MinGrantPercent "] = segment.Policy{MaxBlock: 1, MaxLead: time.Second, MinGrantPercent: -1}
 	bad["MaxLead "] = segment.Policy{MaxBlock: 1, MaxLead: 1500 * time.Microsecond}
 	bad["MaxBlock "] = segment.Policy{MaxBlock: segment.MaxBlockLimit + 1, MaxLead: time.Second}
 	for field, p := range bad {
@@ -147,6 +161,10 @@ func checkPlans(t *testing.T, p segment.Policy, startMs int64, steps []int64, si
 			if nowMs <= snowflake.MaxTimestamp && hi > (nowMs+lead)*ms {
 				t.Fatalf("step %d: Hi %d beyond the lead at now %d", i, hi, nowMs)
 			}
+			least := min((n*int64(p.MinGrantPercent)+99)/100, lead*ms, segment.EndL-lo)
+			if hi-lo < least {
+				t.Fatalf("step %d: block [%d,%d) is below the least share %d of n=%d", i, lo, hi, least, n)
+			}
 			if lo != max(hwm, nowMs*ms, 1) {
 				t.Fatalf("step %d: Lo %d, want max(hwm %d, now<<12 %d, 1)", i, lo, hwm, nowMs*ms)
 			}
@@ -155,13 +173,13 @@ func checkPlans(t *testing.T, p segment.Policy, startMs int64, steps []int64, si
 			if bp.RetryAfter < time.Millisecond {
 				t.Fatalf("step %d: RetryAfter %v", i, bp.RetryAfter)
 			}
-			// RetryAfter is exact: one ms earlier is still refused, at it one
-			// unit can be granted.
+			// RetryAfter is exact: one ms earlier the same request is still
+			// refused, at it it is granted.
 			wait := bp.RetryAfter.Milliseconds()
-			if _, _, err := p.PlanMs(hwm, nowMs+wait, 1); err != nil && !errors.Is(err, segment.ErrEpochExhausted) {
+			if _, _, err := p.PlanMs(hwm, nowMs+wait, n); err != nil && !errors.Is(err, segment.ErrEpochExhausted) {
 				t.Fatalf("step %d: still refused after RetryAfter %v: %v", i, bp.RetryAfter, err)
 			}
-			if _, _, err := p.PlanMs(hwm, nowMs+wait-1, 1); !errors.Is(err, segment.ErrBackpressure) {
+			if _, _, err := p.PlanMs(hwm, nowMs+wait-1, n); !errors.Is(err, segment.ErrBackpressure) {
 				t.Fatalf("step %d: RetryAfter %v not minimal: %v", i, bp.RetryAfter, err)
 			}
 		case errors.Is(err, segment.ErrEpochExhausted):
@@ -180,7 +198,8 @@ func checkPlans(t *testing.T, p segment.Policy, startMs int64, steps []int64, si
 func TestPlanProperty(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	for iter := 0; iter < 2000; iter++ {
-		p := segment.Policy{MaxBlock: 1 + r.Int64N(20*ms), MaxLead: time.Duration(1+r.IntN(20)) * time.Millisecond}
+		p := segment.Policy{MaxBlock: 1 + r.Int64N(20*ms), MaxLead: time.Duration(1+r.IntN(20)) * time.Millisecond,
+			MinGrantPercent: 1 + r.IntN(100)}
 		if iter%4 == 0 {
 			p = segment.DefaultPolicy()
 		}
@@ -215,8 +234,9 @@ func FuzzPlan(f *testing.F) {
 	f.Add(int64(-5), uint32(1), uint64(1), []byte{128, 0, 255})
 	f.Fuzz(func(t *testing.T, start int64, leadMs uint32, maxBlock uint64, prog []byte) {
 		p := segment.Policy{
-			MaxBlock: 1 + int64(maxBlock%uint64(segment.MaxBlockLimit)),
-			MaxLead:  time.Duration(1+leadMs%86_400_000) * time.Millisecond,
+			MaxBlock:        1 + int64(maxBlock%uint64(segment.MaxBlockLimit)),
+			MaxLead:         time.Duration(1+leadMs%86_400_000) * time.Millisecond,
+			MinGrantPercent: 1 + int(leadMs>>27)%100,
 		}
 		if start > snowflake.MaxTimestamp+10 || start < -snowflake.MaxTimestamp {
 			start %= snowflake.MaxTimestamp

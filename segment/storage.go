@@ -113,3 +113,35 @@ type HighWaterCommit struct {
 	// fails.
 	Signal bool
 }
+
+// BatchStorage is an optional ability of a Storage: committing the grants of
+// several codes in one write (group commit), so one raft entry and one fsync
+// serve them all. The Store uses it when its Storage has it; every rule
+// still runs in the Store, once per code, exactly as for CommitHighWater.
+type BatchStorage interface {
+	Storage
+	// MaxBatch is the most ops one CommitHighWaters call accepts (>= 1).
+	MaxBatch() int
+	// CommitHighWaters commits ops, each for a different code, in one
+	// atomic write. Each op is separately fenced: it succeeds or fails on
+	// its own compares, exactly as CommitHighWater would, and one op's
+	// failed compare does not fail the others. On success results[i] is
+	// ops[i]'s outcome, with the meaning of CommitHighWater's (rev, ok,
+	// fresh). An error means the outcome of every op is unknown.
+	CommitHighWaters(ctx context.Context, ops []GrantOp) (results []GrantResult, err error)
+}
+
+// GrantOp is one code's fenced high-water commit in a batch.
+type GrantOp struct {
+	Region, Worker int
+	Commit         HighWaterCommit
+}
+
+// GrantResult is the outcome of one GrantOp, as CommitHighWater reports it:
+// on OK, Rev is the revision of the write; otherwise Fresh is the code's
+// view after the batch.
+type GrantResult struct {
+	Rev   int64
+	OK    bool
+	Fresh CodeView
+}

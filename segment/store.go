@@ -119,7 +119,10 @@ func (c StoreConfig) Validate() error {
 //
 // Performance: the Store caches the last view of each code it granted on,
 // so an uncontended grant is one round trip (the fenced commit; a stale
-// cache only costs a failed compare, which returns the fresh view). Grants on
+// cache only costs a failed compare, which returns the fresh view). Over a
+// BatchStorage, grants for different codes that wait while a commit is in
+// flight are committed together, each separately fenced, in one storage
+// write (group commit, see batcher). Grants on
 // one code through one Store take turns; across Stores they race in the
 // storage, with a contention signal (see contentionAfter) so no replica
 // starves.
@@ -128,6 +131,8 @@ type Store struct {
 	cfg StoreConfig
 	obs Observer
 	log *slog.Logger
+
+	batch *batcher // group commit; nil if the storage is no BatchStorage
 
 	mu    sync.Mutex
 	cache map[[2]int]CodeView      // last view seen per (region, worker)
@@ -158,14 +163,28 @@ func NewStore(storage Storage, cfg StoreConfig) (*Store, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	return &Store{
+	s := &Store{
 		stg:   storage,
 		cfg:   cfg,
 		obs:   cfg.Observer,
 		log:   cfg.Logger,
 		cache: make(map[[2]int]CodeView),
 		turns: make(map[[2]int]chan struct{}),
-	}, nil
+	}
+	if bs, ok := storage.(BatchStorage); ok {
+		s.batch = newBatcher(bs, cfg.OpTimeout)
+	}
+	return s, nil
+}
+
+// commitHighWater is Storage.CommitHighWater, through the group commit when
+// the storage can batch.
+func (s *Store) commitHighWater(ctx context.Context, region, worker int, c HighWaterCommit) (int64, bool, CodeView, error) {
+	if s.batch == nil {
+		return s.stg.CommitHighWater(ctx, region, worker, c)
+	}
+	r, err := s.batch.commit(ctx, GrantOp{Region: region, Worker: worker, Commit: c})
+	return r.Rev, r.OK, r.Fresh, err
 }
 
 // Policy is the grant rule in force (defaults applied).
@@ -644,7 +663,7 @@ func (s *Store) allocate(ctx context.Context, l Lease, n int) (Block, error) {
 		value := []byte(EncodeHighWater(g.Hi))
 		octx, cancel := s.opCtx(ctx)
 		sent := time.Now()
-		rev, ok, fresh, err := s.stg.CommitHighWater(octx, l.Region, l.Worker, HighWaterCommit{
+		rev, ok, fresh, err := s.commitHighWater(octx, l.Region, l.Worker, HighWaterCommit{
 			Value: value, Token: l.Token, OwnerRev: v.Owner.ModRevision,
 			HighWaterRev: hwmRev, ContentionRev: v.Contention, Signal: signal,
 		})

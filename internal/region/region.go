@@ -104,8 +104,9 @@ type Config struct {
 }
 
 // Counts are the store operations a region performed. Grants, Acquires and
-// Releases are etcd writes (each one committed transaction); Renewals are
-// lease keep-alives (handled by the etcd leader, not a raft write).
+// Releases are etcd writes (each one committed write; grants for different
+// codes may share a Txn, see Txns); Renewals are lease keep-alives (handled
+// by the etcd leader, not a raft write).
 type Counts struct {
 	Grants       uint64 `json:"grants"`
 	GrantedUnits uint64 `json:"granted_units"` // linear units (IDs) granted
@@ -115,6 +116,10 @@ type Counts struct {
 	Releases     uint64 `json:"releases"`
 	Renewals     uint64 `json:"renewals"`
 	RenewErrors  uint64 `json:"renew_errors"`
+	// Txns are the write transactions sent to etcd (grants, acquisitions,
+	// releases, failed compares included), each one raft proposal: fewer
+	// than the writes above when grants are group-committed.
+	Txns uint64 `json:"txns"`
 }
 
 // Writes is the number of etcd writes: grants + acquisitions + releases.
@@ -127,6 +132,7 @@ func (c Counts) Add(o Counts) Counts {
 		GrantErrors: c.GrantErrors + o.GrantErrors, Conflicts: c.Conflicts + o.Conflicts,
 		Acquires: c.Acquires + o.Acquires, Releases: c.Releases + o.Releases,
 		Renewals: c.Renewals + o.Renewals, RenewErrors: c.RenewErrors + o.RenewErrors,
+		Txns: c.Txns + o.Txns,
 	}
 }
 
@@ -137,6 +143,7 @@ func (c Counts) Sub(o Counts) Counts {
 		GrantErrors: c.GrantErrors - o.GrantErrors, Conflicts: c.Conflicts - o.Conflicts,
 		Acquires: c.Acquires - o.Acquires, Releases: c.Releases - o.Releases,
 		Renewals: c.Renewals - o.Renewals, RenewErrors: c.RenewErrors - o.RenewErrors,
+		Txns: c.Txns - o.Txns,
 	}
 }
 
@@ -175,6 +182,7 @@ type Region struct {
 	cli     *clientv3.Client
 	addr    string
 	count   *counter
+	txns    atomic.Uint64 // write Txns sent to etcd, across Restart
 
 	latMu sync.Mutex
 	lat   map[string]*hdr.Histogram // server-side latency per RPC method
@@ -231,6 +239,7 @@ func (r *Region) start(addr string) error {
 		Observer:     r.count,
 		Interceptors: []grpc.UnaryServerInterceptor{r.timeRPC},
 		Logger:       r.cfg.Logger,
+		txns:         &r.txns,
 	})
 	if err != nil {
 		return errors.Wrap(err, "region")
@@ -319,7 +328,7 @@ func (r *Region) Counts() Counts {
 	return Counts{
 		Grants: c.grants.Load(), GrantedUnits: c.units.Load(), GrantErrors: c.grantErrs.Load(),
 		Conflicts: c.conflicts.Load(), Acquires: c.acquires.Load(), Releases: c.releases.Load(),
-		Renewals: c.renewals.Load(), RenewErrors: c.renewErrs.Load(),
+		Renewals: c.renewals.Load(), RenewErrors: c.renewErrs.Load(), Txns: r.txns.Load(),
 	}
 }
 

@@ -62,6 +62,9 @@ func TestRegionServesAndCounts(t *testing.T) {
 	if c.Writes() != 5 || r.EtcdWrites() != 5 {
 		t.Fatalf("writes %d/%d, want 5 (1 acquire + 3 grants + 1 release)", c.Writes(), r.EtcdWrites())
 	}
+	if c.Txns != 5 {
+		t.Fatalf("write Txns %d, want 5 (one per sequential write)", c.Txns)
+	}
 	lat := r.RPCLatency()
 	if lat["AllocateBlock"].Count() != 3 || lat["AcquireLease"].Count() != 1 || lat["RenewLease"].Max() <= 0 {
 		t.Fatalf("server-side latency not recorded per method: %v", lat)

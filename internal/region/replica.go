@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -64,6 +65,10 @@ type ReplicaConfig struct {
 	Next NextFunc
 	// Logger receives store and service logs. Default: discard.
 	Logger *slog.Logger
+
+	// txns, if set, counts the write Txns the store sends to etcd (Region's
+	// Counts.Txns).
+	txns *atomic.Uint64
 }
 
 // Replica is one range-service replica: a segment.Store over an etcd
@@ -143,7 +148,42 @@ func openStore(cfg ReplicaConfig, m *service.Metrics) (*segment.Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.txns != nil {
+		return segment.NewStore(countingStorage{stg, cfg.txns}, sc)
+	}
 	return segment.NewStore(stg, sc)
+}
+
+// countingStorage counts the write Txns sent to etcd (each one raft
+// proposal; a group commit of many grants is one). It keeps the storage's
+// group commit (segment.BatchStorage).
+type countingStorage struct {
+	*etcdstore.Storage
+	n *atomic.Uint64
+}
+
+var _ segment.BatchStorage = countingStorage{}
+
+func (c countingStorage) CreateOwner(ctx context.Context, region, worker int, highWaterRev int64, value []byte, lease int64) (int64, bool, error) {
+	c.n.Add(1)
+	return c.Storage.CreateOwner(ctx, region, worker, highWaterRev, value, lease)
+}
+
+func (c countingStorage) CommitHighWater(ctx context.Context, region, worker int, hc segment.HighWaterCommit) (int64, bool, segment.CodeView, error) {
+	c.n.Add(1)
+	return c.Storage.CommitHighWater(ctx, region, worker, hc)
+}
+
+func (c countingStorage) CommitHighWaters(ctx context.Context, ops []segment.GrantOp) ([]segment.GrantResult, error) {
+	if len(ops) > 0 {
+		c.n.Add(1)
+	}
+	return c.Storage.CommitHighWaters(ctx, ops)
+}
+
+func (c countingStorage) DeleteOwner(ctx context.Context, region, worker int, token, lease int64) (bool, segment.CodeView, error) {
+	c.n.Add(1)
+	return c.Storage.DeleteOwner(ctx, region, worker, token, lease)
 }
 
 func (r *Replica) serviceConfig() service.Config {

@@ -14,9 +14,12 @@
 //
 // etcd's revision is the fencing token: the CreateRevision of a lease key
 // names one owner for ever, and every grant's Txn compares it together with
-// the ModRevisions of the lease, HWM and contention keys. A Txn whose call
-// fails may still have committed; this package reports the error and the
-// Store treats the outcome as unknown (the block is burned, never returned).
+// the ModRevisions of the lease, HWM and contention keys. Grants for
+// different codes that the Store commits together go in one Txn of nested,
+// separately fenced Txns (CommitHighWaters): one raft entry for many. A Txn
+// whose call fails may still have committed; this package reports the error
+// and the Store treats the outcome as unknown (every block it carried is
+// burned, never returned).
 package etcdstore
 
 import (
@@ -66,7 +69,7 @@ type Storage struct {
 	log  *slog.Logger
 }
 
-var _ segment.Storage = (*Storage)(nil)
+var _ segment.BatchStorage = (*Storage)(nil)
 
 // New returns a Storage over cli. A bad field is an error wrapping
 // segment.ErrInvalid that names it.
@@ -160,7 +163,7 @@ func (s *Storage) Code(ctx context.Context, region, worker int) (segment.CodeVie
 	if err != nil {
 		return segment.CodeView{}, err
 	}
-	return viewFrom(resp), nil
+	return viewFrom(resp.Header.Revision, resp.Responses), nil
 }
 
 // codeOps reads a code's lease, HWM and contention keys, in that order.
@@ -172,11 +175,11 @@ func (s *Storage) codeOps(region, worker int) []clientv3.Op {
 	}
 }
 
-// viewFrom builds a CodeView from a Txn response whose first three ops were
-// codeOps.
-func viewFrom(resp *clientv3.TxnResponse) segment.CodeView {
-	v := segment.CodeView{Rev: resp.Header.Revision, Owner: first(resp.Responses[0]), HighWater: first(resp.Responses[1])}
-	if c := first(resp.Responses[2]); c != nil {
+// viewFrom builds a CodeView at revision rev from the responses of a Txn
+// (or nested Txn) whose first three ops were codeOps.
+func viewFrom(rev int64, responses []*etcdserverpb.ResponseOp) segment.CodeView {
+	v := segment.CodeView{Rev: rev, Owner: first(responses[0]), HighWater: first(responses[1])}
+	if c := first(responses[2]); c != nil {
 		v.Contention = c.ModRevision
 	}
 	return v
@@ -202,31 +205,107 @@ func (s *Storage) CreateOwner(ctx context.Context, region, worker int, highWater
 // the code afresh (and writes the contention key if asked), so a failed
 // compare costs no extra round trip.
 func (s *Storage) CommitHighWater(ctx context.Context, region, worker int, c segment.HighWaterCommit) (int64, bool, segment.CodeView, error) {
-	lk, hk, ck := s.keys.lease(region, worker), s.keys.hwm(region, worker), s.keys.contend(region, worker)
-	orElse := s.codeOps(region, worker)
-	if c.Signal {
-		orElse = append(orElse, clientv3.OpPut(ck, "v1"))
-	}
-	resp, err := s.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(lk), "=", c.Token),
-			clientv3.Compare(clientv3.ModRevision(lk), "=", c.OwnerRev),
-			clientv3.Compare(clientv3.ModRevision(hk), "=", c.HighWaterRev),
-			clientv3.Compare(clientv3.ModRevision(ck), "=", c.ContentionRev)).
-		Then(clientv3.OpPut(hk, string(c.Value))).
-		Else(orElse...).
-		Commit()
+	cmps, then, orElse := s.grantTxn(region, worker, c)
+	resp, err := s.cli.Txn(ctx).If(cmps...).Then(then...).Else(orElse...).Commit()
 	if err != nil {
 		return 0, false, segment.CodeView{}, err
 	}
-	if resp.Succeeded {
-		return resp.Header.Revision, true, segment.CodeView{}, nil
+	r := grantResult(resp.Header.Revision, resp.Succeeded, resp.Responses, c)
+	return r.Rev, r.OK, r.Fresh, nil
+}
+
+// MaxBatch is the most grants one CommitHighWaters sends in one Txn: 12.
+// etcd refuses a Txn with more than --max-txn-ops operations (default 128).
+// etcd 3.4 to 3.7 count each nesting level on its own (the outer Txn holds
+// one op per grant, each nested one at most 4 compares and 4 ops), so up to
+// 124 grants would pass; the bound counts every operation of the batch
+// instead, nested ones included, so that it holds under any counting:
+// per grant 1 nested Txn + 4 compares + 1 put + 4 else ops (3 reads and the
+// contention put) = 10 operations, and 12 x 10 = 120 <= 128.
+const MaxBatch = 12
+
+// opsPerGrant is what MaxBatch counts per grant (see there).
+const opsPerGrant = 10
+
+var _ = [1]struct{}{}[MaxBatch*opsPerGrant/129] // MaxBatch x opsPerGrant <= 128
+
+// MaxBatch implements segment.BatchStorage.
+func (s *Storage) MaxBatch() int { return MaxBatch }
+
+// CommitHighWaters implements segment.BatchStorage: one Txn with no compares
+// of its own whose Then holds one nested Txn per grant (etcd's OpTxn, since
+// etcd 3.3), each with exactly CommitHighWater's compares, Then and Else. A
+// nested Txn whose compares fail takes its Else (the fresh read) without
+// failing the others; all the batch's writes share one revision, one raft
+// entry. A batch of one is sent as CommitHighWater's plain Txn.
+func (s *Storage) CommitHighWaters(ctx context.Context, ops []segment.GrantOp) ([]segment.GrantResult, error) {
+	switch {
+	case len(ops) == 0:
+		return nil, nil
+	case len(ops) > MaxBatch:
+		return nil, fmt.Errorf("etcdstore: batch of %d grants, more than %d: %w", len(ops), MaxBatch, segment.ErrInvalid)
+	case len(ops) == 1:
+		op := ops[0]
+		rev, ok, fresh, err := s.CommitHighWater(ctx, op.Region, op.Worker, op.Commit)
+		if err != nil {
+			return nil, err
+		}
+		return []segment.GrantResult{{Rev: rev, OK: ok, Fresh: fresh}}, nil
 	}
-	v := viewFrom(resp)
+	nested := make([]clientv3.Op, len(ops))
+	for i, op := range ops {
+		cmps, then, orElse := s.grantTxn(op.Region, op.Worker, op.Commit)
+		nested[i] = clientv3.OpTxn(cmps, then, orElse)
+	}
+	resp, err := s.cli.Txn(ctx).Then(nested...).Commit()
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.Responses) != len(ops) {
+		return nil, fmt.Errorf("etcdstore: batch Txn answered %d of %d grants", len(resp.Responses), len(ops))
+	}
+	out := make([]segment.GrantResult, len(ops))
+	for i, op := range ops {
+		r := resp.Responses[i].GetResponseTxn()
+		if r == nil || (!r.Succeeded && len(r.Responses) < 3) {
+			return nil, fmt.Errorf("etcdstore: batch Txn answer %d is not a grant's transaction", i)
+		}
+		out[i] = grantResult(resp.Header.Revision, r.Succeeded, r.Responses, op.Commit)
+	}
+	return out, nil
+}
+
+// grantTxn is one grant's transaction: compare the owner's CreateRevision
+// (the token) and ModRevision and the HWM's and contention key's
+// ModRevisions; then put the HWM; else read the code afresh (and write the
+// contention key if asked).
+func (s *Storage) grantTxn(region, worker int, c segment.HighWaterCommit) (cmps []clientv3.Cmp, then, orElse []clientv3.Op) {
+	lk, hk, ck := s.keys.lease(region, worker), s.keys.hwm(region, worker), s.keys.contend(region, worker)
+	orElse = s.codeOps(region, worker)
+	if c.Signal {
+		orElse = append(orElse, clientv3.OpPut(ck, "v1"))
+	}
+	cmps = []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(lk), "=", c.Token),
+		clientv3.Compare(clientv3.ModRevision(lk), "=", c.OwnerRev),
+		clientv3.Compare(clientv3.ModRevision(hk), "=", c.HighWaterRev),
+		clientv3.Compare(clientv3.ModRevision(ck), "=", c.ContentionRev),
+	}
+	return cmps, []clientv3.Op{clientv3.OpPut(hk, string(c.Value))}, orElse
+}
+
+// grantResult reads one grant's outcome from its (possibly nested) Txn
+// response at store revision rev.
+func grantResult(rev int64, succeeded bool, responses []*etcdserverpb.ResponseOp, c segment.HighWaterCommit) segment.GrantResult {
+	if succeeded {
+		return segment.GrantResult{Rev: rev, OK: true}
+	}
+	v := viewFrom(rev, responses)
 	if c.Signal {
 		// Our Else wrote the contention key at this revision.
-		v.Contention = resp.Header.Revision
+		v.Contention = rev
 	}
-	return 0, false, v, nil
+	return segment.GrantResult{Fresh: v}
 }
 
 // DeleteOwner implements segment.Storage: delete the lease key if its

@@ -33,7 +33,11 @@ type lease struct {
 	keys    map[string]bool
 }
 
-var _ segment.Storage = (*Storage)(nil)
+var _ segment.BatchStorage = (*Storage)(nil)
+
+// MaxBatch is the most grants one CommitHighWaters accepts: etcdstore's
+// bound, so the Store forms the same batches over both.
+const MaxBatch = 12
 
 // New returns an empty Storage.
 func New() *Storage {
@@ -266,6 +270,58 @@ func (s *Storage) CommitHighWater(ctx context.Context, region, worker int, c seg
 		s.putLocked(ck, []byte("v1"), 0)
 	}
 	return 0, false, s.codeLocked(region, worker), nil
+}
+
+// MaxBatch implements segment.BatchStorage.
+func (s *Storage) MaxBatch() int { return MaxBatch }
+
+// CommitHighWaters implements segment.BatchStorage: every op's compares are
+// checked against the state before the batch, and all writes (grants and
+// contention signals) are applied at one new revision, as one etcd Txn of
+// nested transactions would.
+func (s *Storage) CommitHighWaters(ctx context.Context, ops []segment.GrantOp) ([]segment.GrantResult, error) {
+	if len(ops) > MaxBatch {
+		return nil, fmt.Errorf("memstore: batch of %d grants, more than %d", len(ops), MaxBatch)
+	}
+	if err := s.begin(ctx); err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	seen := map[[2]int]bool{}
+	for _, op := range ops {
+		k := [2]int{op.Region, op.Worker}
+		if seen[k] {
+			return nil, fmt.Errorf("memstore: two grants for region %d worker %d in one batch", op.Region, op.Worker)
+		}
+		seen[k] = true
+	}
+	res := make([]segment.GrantResult, len(ops))
+	write := false
+	for i, op := range ops {
+		c := op.Commit
+		lk, hk, ck := LeaseKey(op.Region, op.Worker), HighWaterKey(op.Region, op.Worker), ContentionKey(op.Region, op.Worker)
+		res[i].OK = s.createRevLocked(lk) == c.Token && s.modRevLocked(lk) == c.OwnerRev &&
+			s.modRevLocked(hk) == c.HighWaterRev && s.modRevLocked(ck) == c.ContentionRev
+		write = write || res[i].OK || c.Signal
+	}
+	if write {
+		s.rev++
+	}
+	for i, op := range ops {
+		switch {
+		case res[i].OK:
+			s.putLocked(HighWaterKey(op.Region, op.Worker), op.Commit.Value, 0)
+			res[i].Rev = s.rev
+		case op.Commit.Signal:
+			s.putLocked(ContentionKey(op.Region, op.Worker), []byte("v1"), 0)
+		}
+	}
+	for i, op := range ops {
+		if !res[i].OK {
+			res[i].Fresh = s.codeLocked(op.Region, op.Worker)
+		}
+	}
+	return res, nil
 }
 
 // DeleteOwner implements segment.Storage.

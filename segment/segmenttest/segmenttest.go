@@ -109,6 +109,8 @@ func Run(t *testing.T, open func(t *testing.T) Backend) {
 		{"CorruptValuesStopTheCode", testCorruptValuesStopTheCode},
 		{"InvalidFields", testInvalidFields},
 		{"UnknownCommitNeverReturnsTheBlock", testUnknownCommit},
+		{"BatchOneCompareFailsOthersCommit", testBatchOneCompareFails},
+		{"ConcurrentCodesNeverOverlap", testConcurrentCodesNeverOverlap},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -116,6 +118,15 @@ func Run(t *testing.T, open func(t *testing.T) Backend) {
 			tc.f(t, open(t))
 		})
 	}
+}
+
+// RunGroupCommit runs only the group-commit cases, on one backend, one
+// after the other: for a store shared with other users (an external etcd
+// under a fresh prefix), where the whole suite's lease counts would not
+// hold.
+func RunGroupCommit(t *testing.T, be Backend) {
+	t.Run("BatchOneCompareFailsOthersCommit", func(t *testing.T) { testBatchOneCompareFails(t, be) })
+	t.Run("ConcurrentCodesNeverOverlap", func(t *testing.T) { testConcurrentCodesNeverOverlap(t, be) })
 }
 
 // offset is a service clock that can be moved.
@@ -143,7 +154,9 @@ func testGrantRule(t *testing.T, be Backend) {
 		{name: "fresh code starts at now", hwm: -1, now: now, n: 100, lo: at, hi: at + 100},
 		{name: "hwm behind now", hwm: at - 5000, now: now, n: 100, lo: at, hi: at + 100},
 		{name: "hwm ahead of now", hwm: at + 4096*1000, now: now, n: 7, lo: at + 4096*1000, hi: at + 4096*1000 + 7},
-		{name: "shrunk to the lead", hwm: at + (lead-1)*4096, now: now, n: 3 * 4096, lo: at + (lead-1)*4096, hi: at + lead*4096},
+		{name: "shrunk to the lead", hwm: at + (lead-3)*4096, now: now, n: 4 * 4096, lo: at + (lead-3)*4096, hi: at + lead*4096},
+		{name: "trimmed below the least share: backpressure", hwm: at + (lead-1)*4096, now: now, n: 3 * 4096,
+			wantErr: segment.ErrBackpressure, retry: 2 * time.Millisecond},
 		{name: "at the lead: backpressure", hwm: at + lead*4096, now: now, n: 1, wantErr: segment.ErrBackpressure, retry: time.Millisecond},
 		{name: "far ahead: backpressure", hwm: at + (lead+999)*4096, now: now, n: 1, wantErr: segment.ErrBackpressure, retry: time.Second},
 		{name: "clock before the epoch: Lo floor 1", hwm: -1, now: snowflake.Epoch.Add(-time.Second), n: 10, lo: 1, hi: 11},
@@ -715,5 +728,157 @@ func testUnknownCommit(t *testing.T, be Backend) {
 	}
 	if b3.Lo < burned {
 		t.Fatalf("grant after the lost commit starts at %d, inside the burned range below %d", b3.Lo, burned)
+	}
+}
+
+// testBatchOneCompareFails: one group commit of five codes, three of whose
+// compares fail (a stale HWM revision, a lease gone, a stale HWM with the
+// contention signal asked): the other two commit at one revision, the
+// failed ones write nothing but the signal and report the code's fresh
+// view, and the Store then carries on per code (the stale one grants, the
+// lost lease is refused).
+func testBatchOneCompareFails(t *testing.T, be Backend) {
+	stg := be.Storage(t)
+	bs, ok := stg.(segment.BatchStorage)
+	if !ok {
+		t.Skip("storage has no group commit")
+	}
+	st := NewStore(t, stg, segment.StoreConfig{})
+	ctx := Ctx(t)
+	const n = 5
+	leases := make([]segment.Lease, n)
+	his := make([]int64, n)
+	for i := range leases {
+		l, err := st.Acquire(ctx, 3, fmt.Sprintf("batch-%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := st.Allocate(ctx, l, 4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases[i], his[i] = l, b.Hi
+	}
+	ops := make([]segment.GrantOp, n)
+	for i, l := range leases {
+		v, err := stg.Code(ctx, 3, l.Worker)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ops[i] = segment.GrantOp{Region: 3, Worker: l.Worker, Commit: segment.HighWaterCommit{
+			Value: []byte(segment.EncodeHighWater(his[i] + 4096)), Token: l.Token, OwnerRev: v.Owner.ModRevision,
+			HighWaterRev: v.HighWater.ModRevision, ContentionRev: v.Contention,
+		}}
+	}
+	// Code 1: another grant moved its HWM. Code 2: its lease is gone.
+	// Code 3: HWM moved, and this grant signals contention.
+	moved := his[1] + 100
+	be.Put(t, be.HighWaterKey(3, leases[1].Worker), []byte(segment.EncodeHighWater(moved)), 0)
+	if err := stg.Revoke(ctx, leases[2].LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	be.Put(t, be.HighWaterKey(3, leases[3].Worker), []byte(segment.EncodeHighWater(his[3]+100)), 0)
+	ops[3].Commit.Signal = true
+
+	res, err := bs.CommitHighWaters(ctx, ops)
+	if err != nil {
+		t.Fatalf("CommitHighWaters: %v", err)
+	}
+	if len(res) != n {
+		t.Fatalf("%d results for %d ops", len(res), n)
+	}
+	if !res[0].OK || !res[4].OK || res[0].Rev != res[4].Rev || res[0].Rev <= 0 {
+		t.Fatalf("results 0 and 4 = %+v, %+v; want both committed at one revision", res[0], res[4])
+	}
+	for _, i := range []int{1, 2, 3} {
+		if res[i].OK {
+			t.Fatalf("op %d committed over a failed compare: %+v", i, res[i])
+		}
+		if res[i].Fresh.Rev < res[0].Rev {
+			t.Fatalf("op %d: fresh view at revision %d, before the batch's %d", i, res[i].Fresh.Rev, res[0].Rev)
+		}
+	}
+	if hw := res[1].Fresh.HighWater; hw == nil || string(hw.Value) != segment.EncodeHighWater(moved) {
+		t.Fatalf("op 1 fresh HWM %+v; want the moved value %d", hw, moved)
+	}
+	if res[2].Fresh.Owner != nil {
+		t.Fatalf("op 2 fresh owner %+v; want none (lease revoked)", res[2].Fresh.Owner)
+	}
+	if res[3].Fresh.Contention != res[0].Rev {
+		t.Fatalf("op 3 contention signal at %d; want written by the batch at %d", res[3].Fresh.Contention, res[0].Rev)
+	}
+	for i, want := range []int64{his[0] + 4096, moved, his[2], his[3] + 100, his[4] + 4096} {
+		if got, err := st.HighWater(ctx, 3, leases[i].Worker); err != nil || got != want {
+			t.Fatalf("code %d HWM %d, %v; want %d", i, got, err, want)
+		}
+	}
+	// The Store goes on per code from what the batch left.
+	if b, err := st.Allocate(ctx, leases[1], 4096); err != nil || b.Lo < moved {
+		t.Fatalf("Allocate on the code whose compare failed: %+v, %v; want a block at or above %d", b, err, moved)
+	}
+	if _, err := st.Allocate(ctx, leases[2], 4096); !errors.Is(err, segment.ErrLeaseLost) {
+		t.Fatalf("Allocate on the code whose lease is gone: %v, want ErrLeaseLost", err)
+	}
+}
+
+// testConcurrentCodesNeverOverlap: callers on many codes at once through
+// two replicas (so grants are group-committed where the storage can): per
+// code every block is disjoint, and the final HWM of each code is its
+// highest Hi.
+func testConcurrentCodesNeverOverlap(t *testing.T, be Backend) {
+	stores := []*segment.Store{
+		NewStore(t, be.Storage(t), segment.StoreConfig{}),
+		NewStore(t, be.Storage(t), segment.StoreConfig{}),
+	}
+	ctx := Ctx(t)
+	const codes, perCaller = 24, 10
+	leases := make([]segment.Lease, codes)
+	for i := range leases {
+		l, err := stores[i%2].Acquire(ctx, 2, fmt.Sprintf("code-%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases[i] = l
+	}
+	var (
+		mu     sync.Mutex
+		blocks = make([][]segment.Block, codes)
+		wg     sync.WaitGroup
+		errs   = make(chan error, 2*codes)
+	)
+	for i := range 2 * codes { // two callers per code, one per replica
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, st := i%codes, stores[(i/codes)%2]
+			for range perCaller {
+				b, err := st.Allocate(ctx, leases[c], 1+i*100)
+				if err != nil {
+					errs <- fmt.Errorf("code %d: %w", c, err)
+					return
+				}
+				if b.Worker != leases[c].Worker || b.Region != 2 {
+					errs <- fmt.Errorf("code %d: block for code %d/%d", c, b.Region, b.Worker)
+					return
+				}
+				mu.Lock()
+				blocks[c] = append(blocks[c], b)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for c, bs := range blocks {
+		if len(bs) != 2*perCaller {
+			t.Fatalf("code %d: %d blocks, want %d", c, len(bs), 2*perCaller)
+		}
+		CheckDisjoint(t, bs)
+		if hwm, err := stores[0].HighWater(ctx, 2, leases[c].Worker); err != nil || hwm != bs[len(bs)-1].Hi {
+			t.Fatalf("code %d: HWM %d, %v; want the highest Hi %d", c, hwm, err, bs[len(bs)-1].Hi)
+		}
 	}
 }
