@@ -154,7 +154,8 @@ func TestBackpressureWaits(t *testing.T) {
 			t.Fatalf("NextN beyond the lead with a 10 ms deadline: %v; want ErrUnavailable", err)
 		}
 		// (The error carries the last refill error only if the last grant
-		// failed: the service shrinks grants to 1 ms at its lead limit.)
+		// failed: at its lead limit the service refuses a grant it would
+		// trim below segment.Policy.MinGrantPercent of the request.)
 		if s := c.Stats(); s.Backpressure == 0 {
 			t.Fatalf("no backpressure seen by the 10 ms deadline: %+v", s)
 		}
