@@ -59,6 +59,8 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	row("Next calls slower than 1 ms", "%d of %d (%.4f%%)", r.SlowCalls, r.IDs, 100*float64(r.SlowCalls)/float64(max(r.IDs, 1)))
 	row("etcd writes", "%d (%.0f/s): %d grants, %d lease acquisitions, %d releases; %d HWM races retried",
 		r.EtcdWrites, r.EtcdWritesPerSec, r.Store.Grants, r.Store.Acquires, r.Store.Releases, r.Store.Conflicts)
+	row("etcd Txns (raft proposals; grants of several codes share one)", "%d (%.0f per 1M IDs)",
+		r.Store.Txns, float64(r.Store.Txns)*1e6/float64(max(r.IDs, 1)))
 	row("lease renewals (keep-alives, not writes)", "%d", r.Store.Renewals)
 	methods := make([]string, 0, len(r.ServerLatency))
 	for m := range r.ServerLatency {
