@@ -45,6 +45,20 @@ type policy struct {
 	maxAhead, maxAheadUntil int64
 }
 
+// wakeGrid aligns the refill loop's timed wake-ups to multiples of it on
+// the wall clock. Clients on one machine, and on NTP-synchronised machines,
+// then ask for their reserve blocks together, so the service commits them
+// in one etcd Txn (group commit) instead of one each. Only timed wake-ups
+// move, by less than one grid step: a kick (a block running low, a caller
+// waiting, a new lease) still wakes the loop at once.
+const wakeGrid = 50 * time.Millisecond
+
+// onGrid stretches d so the wake-up lands on the next wakeGrid boundary.
+func onGrid(d time.Duration) time.Duration {
+	at := time.Now().Add(d).UnixNano()
+	return d + time.Duration((int64(wakeGrid)-at%int64(wakeGrid))%int64(wakeGrid))
+}
+
 // maxAheadMemory is how long a learnt maxAhead is kept.
 const maxAheadMemory = time.Minute
 
@@ -248,7 +262,7 @@ func (c *Client) refillLoop() {
 		now := c.sample()
 		ch, n, wait := c.plan(now)
 		if n == 0 {
-			if !sleep(wait, ch) {
+			if !sleep(onGrid(wait), ch) {
 				return
 			}
 			continue

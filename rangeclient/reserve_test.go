@@ -263,3 +263,20 @@ func TestFixedBlockPinsReserveRequests(t *testing.T) {
 		}
 	})
 }
+
+// onGrid moves a timed wake-up to the next wakeGrid boundary of the wall
+// clock, by less than one step, so clients' reserve requests meet at the
+// service and share a Txn.
+func TestOnGrid(t *testing.T) {
+	for _, d := range []time.Duration{0, time.Millisecond, 49 * time.Millisecond, 250 * time.Millisecond, time.Hour} {
+		before := time.Now()
+		got := onGrid(d)
+		at := before.Add(got).UnixNano()
+		switch {
+		case got < d || got >= d+wakeGrid+time.Millisecond:
+			t.Fatalf("onGrid(%v) = %v; want in [d, d+%v)", d, got, wakeGrid)
+		case at%int64(wakeGrid) > int64(time.Millisecond) && at%int64(wakeGrid) < int64(wakeGrid-time.Millisecond):
+			t.Fatalf("onGrid(%v) wakes %v past a %v boundary", d, time.Duration(at%int64(wakeGrid)), wakeGrid)
+		}
+	}
+}
