@@ -182,10 +182,14 @@ func (c *Client) abort() {
 // is done.
 func (c *Client) firstLease(ctx context.Context) (*leaseState, error) {
 	bo := c.newBackoff()
+	var cause error // the last answer that was not ctx running out
 	for {
 		l, err := c.acquire(ctx)
 		if err == nil {
 			return l, nil
+		}
+		if cause == nil || ctx.Err() == nil {
+			cause = err
 		}
 		if errors.Is(err, ErrInvalidConfig) || errors.Is(err, segment.ErrInvalid) ||
 			errors.Is(err, segment.ErrCorrupt) || errors.Is(err, segment.ErrEpochExhausted) || errors.Is(err, wire.ErrProtocol) {
@@ -193,7 +197,7 @@ func (c *Client) firstLease(ctx context.Context) (*leaseState, error) {
 		}
 		c.log.Warn("rangeclient: acquire failed; retrying", "err", err)
 		if serr := clock.Sleep(ctx, bo.next()); serr != nil {
-			return nil, mark(fmt.Errorf("rangeclient: no lease before the context ended: %w", join(serr, err)), ErrUnavailable)
+			return nil, mark(fmt.Errorf("rangeclient: no lease before the context ended: %w", join(serr, cause)), ErrUnavailable)
 		}
 	}
 }

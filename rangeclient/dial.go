@@ -85,10 +85,14 @@ func (c *Client) learnRegion(ctx context.Context) error {
 		return nil // an in-process Allocator: Region is used as given
 	}
 	bo := c.newBackoff()
+	var cause error // the last answer that was not ctx running out
 	for {
 		rctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
 		region, err := rr.ReplicaRegion(rctx)
 		cancel()
+		if err != nil && (cause == nil || ctx.Err() == nil) {
+			cause = err
+		}
 		switch {
 		case err == nil && c.cfg.Region != 0 && region != c.cfg.Region:
 			return fmt.Errorf("rangeclient: Config.Region is %d but the service at %v serves region %d: %w",
@@ -108,7 +112,7 @@ func (c *Client) learnRegion(ctx context.Context) error {
 		}
 		c.log.Warn("rangeclient: asking the service for its region failed; retrying", "err", err)
 		if serr := clock.Sleep(ctx, bo.next()); serr != nil {
-			return mark(fmt.Errorf("rangeclient: no region from the service before the context ended: %w", join(serr, err)), ErrUnavailable)
+			return mark(fmt.Errorf("rangeclient: no region from the service before the context ended: %w", join(serr, cause)), ErrUnavailable)
 		}
 	}
 }
