@@ -112,7 +112,7 @@ func TestNextErrorsThroughGRPCMatchStdlibErrorsIs(t *testing.T) {
 			}
 			return nil
 		}, edit: func(cfg *Config) { cfg.MaxReserve, cfg.RefillInterval = -1, 50*time.Millisecond }},
-			func(c *Client) bool { return c.Health() != nil },
+			func(c *Client) bool { return errors.Is(c.Health(), segment.ErrCorrupt) }, // buffers out, the refusal recorded
 			[]error{segment.ErrCorrupt}, false, false},
 		{"backpressure", setup{hook: func(m rangeclienttest.Method) error {
 			if m == rangeclienttest.Allocate {
@@ -120,7 +120,7 @@ func TestNextErrorsThroughGRPCMatchStdlibErrorsIs(t *testing.T) {
 			}
 			return nil
 		}, edit: func(cfg *Config) { cfg.MaxReserve, cfg.RefillInterval = -1, 50*time.Millisecond }},
-			func(c *Client) bool { return c.Health() != nil },
+			func(c *Client) bool { return errors.Is(c.Health(), segment.ErrBackpressure) },
 			[]error{ErrUnavailable, segment.ErrBackpressure, context.Canceled}, true, true},
 	}
 	for _, tc := range cases {
