@@ -54,8 +54,11 @@ type policy struct {
 const wakeGrid = 50 * time.Millisecond
 
 // onGrid stretches d so the wake-up lands on the next wakeGrid boundary.
-func onGrid(d time.Duration) time.Duration {
-	at := time.Now().Add(d).UnixNano()
+func onGrid(d time.Duration) time.Duration { return onGridFrom(time.Now(), d) }
+
+// onGridFrom is onGrid at wall-clock instant now.
+func onGridFrom(now time.Time, d time.Duration) time.Duration {
+	at := now.Add(d).UnixNano()
 	return d + time.Duration((int64(wakeGrid)-at%int64(wakeGrid))%int64(wakeGrid))
 }
 

@@ -268,15 +268,17 @@ func TestFixedBlockPinsReserveRequests(t *testing.T) {
 // clock, by less than one step, so clients' reserve requests meet at the
 // service and share a Txn.
 func TestOnGrid(t *testing.T) {
-	for _, d := range []time.Duration{0, time.Millisecond, 49 * time.Millisecond, 250 * time.Millisecond, time.Hour} {
-		before := time.Now()
-		got := onGrid(d)
-		at := before.Add(got).UnixNano()
-		switch {
-		case got < d || got >= d+wakeGrid+time.Millisecond:
-			t.Fatalf("onGrid(%v) = %v; want in [d, d+%v)", d, got, wakeGrid)
-		case at%int64(wakeGrid) > int64(time.Millisecond) && at%int64(wakeGrid) < int64(wakeGrid-time.Millisecond):
-			t.Fatalf("onGrid(%v) wakes %v past a %v boundary", d, time.Duration(at%int64(wakeGrid)), wakeGrid)
+	base := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC) // on a boundary
+	for _, tc := range []struct{ now, d, want time.Duration }{
+		{0, 0, 0},
+		{0, time.Millisecond, wakeGrid},
+		{7 * time.Millisecond, 0, wakeGrid - 7*time.Millisecond},
+		{7 * time.Millisecond, 43 * time.Millisecond, 43 * time.Millisecond},
+		{7 * time.Millisecond, 44 * time.Millisecond, 43*time.Millisecond + wakeGrid},
+		{time.Microsecond, 250 * time.Millisecond, 300*time.Millisecond - time.Microsecond},
+	} {
+		if got := onGridFrom(base.Add(tc.now), tc.d); got != tc.want {
+			t.Errorf("onGrid at +%v of %v = %v, want %v", tc.now, tc.d, got, tc.want)
 		}
 	}
 }
