@@ -515,11 +515,20 @@ func (c *Client) Close() error {
 		}
 		errs[0] = c.close()
 		wg.Wait()
+		// The lanes release their leases over these connections too:
+		// close them only once every code is given back.
+		for _, conn := range c.conns {
+			if err := conn.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("rangeclient: close connection: %w", err))
+			}
+		}
 		c.closeErr = join(errs...)
 	})
 	return c.closeErr
 }
 
+// close stops this code: loops, lease, metrics. Close closes the
+// connections afterwards, once the lanes are done with them too.
 func (c *Client) close() error {
 	// Cancel first: a lease loop woken by the kill below must not acquire
 	// a new lease on its way out.
@@ -544,11 +553,6 @@ func (c *Client) close() error {
 	}
 	if c.metrics != nil {
 		c.cfg.Registerer.Unregister(c.metrics)
-	}
-	for _, conn := range c.conns {
-		if err := conn.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("rangeclient: close connection: %w", err))
-		}
 	}
 	return join(errs...)
 }

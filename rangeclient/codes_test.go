@@ -140,3 +140,28 @@ func BenchmarkAppendNCodes(b *testing.B) {
 		})
 	}
 }
+
+// Over gRPC the codes share the client's connections: Close gives every
+// code's lease back before it closes them, and reports no error.
+func TestSeveralCodesCloseReleasesAllOverGRPC(t *testing.T) {
+	store := rangeclienttest.New(rangeclienttest.Options{Region: 1})
+	addr, _ := serveReplica(t, 1, store, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := New(ctx, Config{Targets: []string{addr}, Codes: 4, Owner: t.Name()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var workers []int
+	for _, li := range c.Leases() {
+		workers = append(workers, li.Lease.Worker)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	for _, w := range workers {
+		if _, held := store.Owner(w); held {
+			t.Fatalf("code %d still held after Close (codes %v)", w, workers)
+		}
+	}
+}
