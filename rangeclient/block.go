@@ -79,7 +79,7 @@ func newBlock(sb segment.Block, l *leaseState, sent, arrive int64) *block {
 // own, so the floor passes a.hi no later than a's validity ends, and no
 // position of a is handed out after a itself would have stopped.
 func merge(a, b *block) *block {
-	if a == nil || b == nil || a.lease != b.lease || a.hi != b.lo || a.seg.Hi != b.seg.Lo ||
+	if a == nil || b == nil || a.lease != b.lease || a.hi != b.lo ||
 		a.cursor.Load() != a.lo-1 || a.skipped.Load() != 0 {
 		return nil
 	}

@@ -95,9 +95,9 @@ func (l *leaseState) isKilled() bool {
 	}
 }
 
-// extend moves the deadline to dl if the lease is still usable at now. A renewal that comes back after the deadline passed does not revive
-// the lease: the client has already stopped minting and will take a fresh
-// one.
+// extend moves the deadline to dl if the lease is still usable at now. A
+// renewal that comes back after the deadline passed does not revive the
+// lease: the client has already stopped minting and will take a fresh one.
 func (l *leaseState) extend(dl, now int64) bool {
 	if l.err(now) != nil {
 		return false

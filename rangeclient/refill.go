@@ -226,11 +226,7 @@ func (c *Client) plan(now int64) (ch <-chan struct{}, n int, wait time.Duration)
 	// The reserve: granted span up to reserveTarget, so an outage shorter
 	// than the safe interval costs nothing. A block that extends the
 	// buffered next one is merged into it (install).
-	horizon := cur.validUntil
-	if nx != nil {
-		horizon = max(horizon, nx.validUntil)
-	}
-	if r := c.reserveCount(horizon, c.reserveTarget(l, now)); r > 0 {
+	if r := c.reserveCount(c.horizon(), c.reserveTarget(l, now)); r > 0 {
 		return ch, max(r, count), wait
 	}
 	if nx != nil {
@@ -319,6 +315,18 @@ func (c *Client) setRefillErr(err error) {
 	}
 }
 
+// horizon is the local instant the buffered blocks run out (the later
+// validity of the current and the next block; 0 with none).
+func (c *Client) horizon() int64 {
+	var h int64
+	for _, b := range []*block{c.cur.Load(), c.next.Load()} {
+		if b != nil {
+			h = max(h, b.validUntil)
+		}
+	}
+	return h
+}
+
 // learnMaxAhead records, after a backpressure answer, how far ahead of the
 // clock the buffered span reached: the service's lead limit as seen from
 // here. The reserve stays inside it from then on (reserveTarget).
@@ -326,13 +334,7 @@ func (c *Client) learnMaxAhead() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.now()
-	var horizon int64
-	for _, b := range []*block{c.cur.Load(), c.next.Load()} {
-		if b != nil {
-			horizon = max(horizon, b.validUntil)
-		}
-	}
-	if ahead := horizon - now; ahead > int64(c.cfg.RefillInterval) {
+	if ahead := c.horizon() - now; ahead > int64(c.cfg.RefillInterval) {
 		c.pol.maxAhead, c.pol.maxAheadUntil = ahead, now+int64(maxAheadMemory)
 	}
 }
