@@ -180,24 +180,36 @@ func (c *Client) abort() {
 
 // firstLease acquires the first lease, retrying retryable errors until ctx
 // is done.
-func (c *Client) firstLease(ctx context.Context) (*leaseState, error) {
+func (c *Client) firstLease(ctx context.Context) (l *leaseState, err error) {
+	err = c.retryUntil(ctx, "acquire", "lease", func() (bool, error) {
+		var err error
+		l, err = c.acquire(ctx)
+		final := err == nil || errors.Is(err, ErrInvalidConfig) || errors.Is(err, segment.ErrInvalid) ||
+			errors.Is(err, segment.ErrCorrupt) || errors.Is(err, segment.ErrEpochExhausted) || errors.Is(err, wire.ErrProtocol)
+		return final, err
+	})
+	return l, err
+}
+
+// retryUntil calls try until it reports done (success or a final error,
+// which it returns), waiting with backoff between tries and logging each
+// retryable failure of what. When ctx ends first it returns ErrUnavailable
+// ("no goal before the context ended") wrapping ctx's error and the last
+// answer that was not ctx running out, so the cause stays matchable.
+func (c *Client) retryUntil(ctx context.Context, what, goal string, try func() (done bool, err error)) error {
 	bo := c.newBackoff()
-	var cause error // the last answer that was not ctx running out
+	var cause error
 	for {
-		l, err := c.acquire(ctx)
-		if err == nil {
-			return l, nil
+		done, err := try()
+		if done {
+			return err
 		}
 		if cause == nil || ctx.Err() == nil {
 			cause = err
 		}
-		if errors.Is(err, ErrInvalidConfig) || errors.Is(err, segment.ErrInvalid) ||
-			errors.Is(err, segment.ErrCorrupt) || errors.Is(err, segment.ErrEpochExhausted) || errors.Is(err, wire.ErrProtocol) {
-			return nil, err
-		}
-		c.log.Warn("rangeclient: acquire failed; retrying", "err", err)
+		c.log.Warn("rangeclient: "+what+" failed; retrying", "err", err)
 		if serr := clock.Sleep(ctx, bo.next()); serr != nil {
-			return nil, mark(fmt.Errorf("rangeclient: no lease before the context ended: %w", join(serr, cause)), ErrUnavailable)
+			return mark(fmt.Errorf("rangeclient: no %s before the context ended: %w", goal, join(serr, cause)), ErrUnavailable)
 		}
 	}
 }

@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/segment"
 )
@@ -84,37 +83,29 @@ func (c *Client) learnRegion(ctx context.Context) error {
 	if !ok {
 		return nil // an in-process Allocator: Region is used as given
 	}
-	bo := c.newBackoff()
-	var cause error // the last answer that was not ctx running out
-	for {
+	return c.retryUntil(ctx, "asking the service for its region", "region from the service", func() (bool, error) {
 		rctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
 		region, err := rr.ReplicaRegion(rctx)
 		cancel()
-		if err != nil && (cause == nil || ctx.Err() == nil) {
-			cause = err
-		}
 		switch {
 		case err == nil && c.cfg.Region != 0 && region != c.cfg.Region:
-			return fmt.Errorf("rangeclient: Config.Region is %d but the service at %v serves region %d: %w",
+			return true, fmt.Errorf("rangeclient: Config.Region is %d but the service at %v serves region %d: %w",
 				c.cfg.Region, c.cfg.Targets, region, ErrInvalidConfig)
 		case err == nil:
 			if c.cfg.Region != region {
 				c.log.Info("rangeclient: region learnt from the service", "region", region)
 			}
 			c.cfg.Region = region
-			return nil
+			return true, nil
 		case status.Code(err) == codes.Unimplemented:
 			c.log.Info("rangeclient: the service cannot tell its region (older rangesvc); using Config.Region",
 				"region", c.cfg.Region, "err", err)
-			return nil
+			return true, nil
 		case errors.Is(err, segment.ErrInvalid) || errors.Is(err, segment.ErrCorrupt) || errors.Is(err, wire.ErrProtocol):
-			return fmt.Errorf("rangeclient: ask the service for its region: %w", err)
+			return true, fmt.Errorf("rangeclient: ask the service for its region: %w", err)
 		}
-		c.log.Warn("rangeclient: asking the service for its region failed; retrying", "err", err)
-		if serr := clock.Sleep(ctx, bo.next()); serr != nil {
-			return mark(fmt.Errorf("rangeclient: no region from the service before the context ended: %w", join(serr, cause)), ErrUnavailable)
-		}
-	}
+		return false, err
+	})
 }
 
 // replicaSet is a segment.Allocator over several replicas of one region.
