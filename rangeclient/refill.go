@@ -329,10 +329,9 @@ func (c *Client) horizon() int64 {
 
 // learnMaxAhead records, after a backpressure answer, how far ahead of the
 // clock the buffered span reached: the service's lead limit as seen from
-// here. The reserve stays inside it from then on (reserveTarget).
+// here. The reserve stays inside it from then on (reserveTarget). Refill
+// loop only, like the rest of c.pol's plain fields: no lock.
 func (c *Client) learnMaxAhead() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	now := c.now()
 	if ahead := c.horizon() - now; ahead > int64(c.cfg.RefillInterval) {
 		c.pol.maxAhead, c.pol.maxAheadUntil = ahead, now+int64(maxAheadMemory)
