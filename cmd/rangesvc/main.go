@@ -5,6 +5,7 @@
 //	rangesvc decode  ID...
 //	rangesvc compare [flags]   (runs rangesvc-bench compare)
 //	rangesvc bench   [flags]   (runs rangesvc-bench bench)
+//	rangesvc version [-o json]
 //
 // The measurement commands live in the rangesvc-bench binary, so that the
 // server does not link the plotting and comparison code; rangesvc runs
@@ -31,6 +32,7 @@ var commands = map[string]cli.Command{
 	"mint":    {Summary: "mint N IDs through a range service and print them", Run: runMint},
 	"compare": {Summary: "run one workload through each ID strategy and print a table (rangesvc-bench)", Run: forward("compare")},
 	"bench":   {Summary: "fleet load test: regions x workers at a target rate (rangesvc-bench)", Run: forward("bench")},
+	"version": {Summary: "print the build: module version, VCS revision, Go version", Run: runVersion},
 }
 
 func main() { cli.Main(prog, commands) }

@@ -86,6 +86,24 @@ func (b *build) get(t testing.TB) string {
 	return b.path
 }
 
+// BuildWith builds cmd/rangesvc with extra `go build` flags (for example
+// "-buildvcs=true" or "-ldflags=-X ...") into t.TempDir() and returns the
+// executable's path. Unlike Binary it builds on every call: tests of the
+// build itself (rangesvc version) use it.
+func BuildWith(t testing.TB, flags ...string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "rangesvc")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	args := append(append([]string{"build"}, flags...), "-o", path, RangesvcPackage)
+	cmd := exec.CommandContext(ctx, goTool(), args...)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("testenv: go %v: %v\n%s", args, err, out)
+	}
+	return path
+}
+
 // Cleanup removes the binaries built by Binary and FaultBinary, if any.
 func Cleanup() {
 	buildDirMu.Lock()
