@@ -245,6 +245,25 @@ func (s *Service) Serving() bool {
 	return s.serving
 }
 
+// NotServingReason says why the replica reports NOT_SERVING, in a few
+// words for probes and operators ("shutting down", the clock rollback, the
+// store check's error); it is "" while the replica is SERVING.
+func (s *Service) NotServingReason() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.serving:
+		return ""
+	case s.shutdown:
+		return "shutting down"
+	case s.rollback > s.cfg.RollbackBound:
+		return fmt.Sprintf("service clock %v behind the highest time seen (bound %v)", s.rollback, s.cfg.RollbackBound)
+	case s.storeErr != nil:
+		return "store unreachable: " + s.storeErr.Error()
+	}
+	return "NOT_SERVING"
+}
+
 // Shutdown marks every health status NOT_SERVING for good (so balancers stop
 // sending traffic) before the gRPC server drains.
 func (s *Service) Shutdown() {

@@ -410,6 +410,9 @@ func TestHealthClockRollback(t *testing.T) {
 	if f.svc.Serving() {
 		t.Fatal("Serving() true while rolled back")
 	}
+	if r := f.svc.NotServingReason(); !strings.Contains(r, "service clock 2.001s behind") {
+		t.Fatalf("NotServingReason() = %q while rolled back", r)
+	}
 	// Grants still work (uniqueness does not depend on the clock) and also
 	// notice the rollback.
 	l := segment.Lease{Region: 1, Worker: 3, Token: 9, LeaseID: 11}
@@ -425,9 +428,15 @@ func TestHealthClockRollback(t *testing.T) {
 	if ms := testutil.ToFloat64(f.svc.Metrics().ClockRollbackMs); ms != 0 {
 		t.Fatalf("clock_rollback_ms = %v after recovery, want 0", ms)
 	}
+	if r := f.svc.NotServingReason(); r != "" {
+		t.Fatalf("NotServingReason() = %q while serving", r)
+	}
 	f.svc.Shutdown()
 	if s := healthOf(t, f, HealthService); s != notServing {
 		t.Fatalf("after Shutdown: %v, want NOT_SERVING", s)
+	}
+	if r := f.svc.NotServingReason(); r != "shutting down" {
+		t.Fatalf("NotServingReason() = %q after Shutdown", r)
 	}
 }
 
@@ -450,6 +459,9 @@ func TestHealthStoreUnreachable(t *testing.T) {
 	f.svc.Check(ctx)
 	if s := healthOf(t, f, HealthService); s != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Fatalf("store down: %v, want NOT_SERVING", s)
+	}
+	if r := f.svc.NotServingReason(); r != "store unreachable: etcd: connection refused" {
+		t.Fatalf("NotServingReason() = %q while the store is down", r)
 	}
 	down.Store(false)
 	f.svc.Check(ctx)
