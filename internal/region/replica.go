@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/reflection"
 
 	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/service"
@@ -132,6 +133,10 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 	}
 	r.srv = grpc.NewServer(opts...)
 	r.svc.Register(r.srv)
+
+	// Server reflection: grpcurl and other generic clients list and call
+	// the services without the .proto files (docs/operations.md).
+	reflection.Register(r.srv)
 	return r, nil
 }
 
