@@ -35,7 +35,10 @@ var commands = map[string]cli.Command{
 	"version": {Summary: "print the build: module version, VCS revision, Go version", Run: runVersion},
 }
 
-func main() { cli.Main(prog, commands) }
+func main() {
+	installGRPCLogger()
+	cli.Main(prog, commands)
+}
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return cli.Run(ctx, prog, commands, args, stdout, stderr)

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -16,8 +15,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
+	"github.com/idrange/idrange/internal/buildinfo"
+	"github.com/idrange/idrange/internal/cli"
 	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/embedetcd"
 	"github.com/idrange/idrange/internal/region"
@@ -25,14 +25,32 @@ import (
 )
 
 // runServe runs one range-service replica until ctx ends (SIGINT/SIGTERM),
-// then drains in-flight RPCs and closes etcd.
+// then drains (see drain) and closes etcd. Once the logger exists, a
+// failure is logged (in --log-format) rather than returned as text.
 func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	cfg, err := parseServeFlags(args, stderr)
 	if err != nil {
 		return err
 	}
 	lvl, _ := parseLogLevel(cfg.LogLevel)
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+	log := newLogger(stderr, cfg.LogFormat, lvl)
+	grpcLog.Store(log.With("component", "grpc"))
+	if err := serve(ctx, cfg, log); err != nil {
+		log.Error("serve failed", "err", err)
+		return cli.ExitError{Code: cli.ExitFailure}
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// serve is runServe after the flags and the logger.
+func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
+	bi := buildinfo.Read()
+	attrs := []any{"version", bi.Version, "revision", bi.Revision, "modified", bi.Modified, "go", bi.GoVersion}
+	if cfg.ConfigFile != "" {
+		attrs = append(attrs, "config", cfg.ConfigFile)
+	}
+	log.Info("starting", attrs...)
 	clk, stopFaults := cfg.Faults.serviceClock(log)
 	defer stopFaults()
 
@@ -43,7 +61,8 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	defer etcd.Close()
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildinfo.NewCollector(bi))
 	rep, err := region.NewReplica(cfg.replicaConfig(etcd.cli, clk, reg, log))
 	if err != nil {
 		return err
@@ -65,16 +84,38 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		"region", cfg.Region, "etcd", strings.Join(etcd.cli.Endpoints(), ","), "embedded", etcd.emb != nil)
 
 	failure := waitForEnd(ctx, errc, etcd.Err(), log)
-
-	// Drain: NOT_SERVING first, stop accepting, let in-flight RPCs finish
-	// (bounded), close the Next minter, then the metrics server, then etcd
-	// (deferred).
-	rep.Stop(cfg.ShutdownTimeout)
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
-	defer cancel()
-	_ = hs.Shutdown(sctx)
+	drain(ctx, cfg, rep, hs, failure != nil, log)
 	log.Info("servers stopped; closing the store", "embedded_etcd", etcd.emb != nil)
 	return failure
+}
+
+// drain stops the servers in the order that lets balancers and clients
+// move away without failed calls: report NOT_SERVING at once (gRPC health
+// and /readyz), keep answering for --drain-delay while balancers notice
+// (skipped after a failure: there is nothing to wait for), then stop
+// accepting RPCs and let in-flight ones finish within --shutdown-timeout,
+// close the Next minter, and last the metrics server, so /livez answers
+// until the end. Each step is logged.
+func drain(ctx context.Context, cfg serveConfig, rep *region.Replica, hs *http.Server, failed bool, log *slog.Logger) {
+	rep.Service().Shutdown()
+	delay := cfg.DrainDelay
+	if failed {
+		delay = 0
+	}
+	log.Info("reporting NOT_SERVING; draining", "drain_delay", delay)
+	if delay > 0 {
+		t := time.NewTimer(delay)
+		<-t.C
+	}
+	log.Info("stopping the gRPC server", "shutdown_timeout", cfg.ShutdownTimeout)
+	start := time.Now()
+	rep.Stop(cfg.ShutdownTimeout)
+	log.Info("gRPC server stopped", "took", time.Since(start).Round(time.Millisecond))
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil {
+		log.Warn("metrics server did not stop cleanly", "err", err)
+	}
 }
 
 // replicaConfig is the replica `rangesvc serve` runs, from its flags.
@@ -123,17 +164,29 @@ func listen(cfg serveConfig) (grpcLis, metricsLis net.Listener, err error) {
 	return gl, ml, nil
 }
 
-// metricsServer serves /metrics from reg and /healthz from svc.
+// metricsServer serves /metrics from reg and the HTTP probes:
+//
+//   - /livez: 200 while the process runs. It never looks at etcd or the
+//     clock, so an etcd outage does not make an orchestrator restart every
+//     replica (a restart cannot fix etcd).
+//   - /readyz: 200 "SERVING" while svc reports SERVING (the same signal as
+//     gRPC health); otherwise 503 "NOT_SERVING: <reason>".
+//   - /healthz: /readyz under its old name.
 func metricsServer(reg *prometheus.Registry, svc *service.Service) *http.Server {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if !svc.Serving() {
-			http.Error(w, "NOT_SERVING", http.StatusServiceUnavailable)
+	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) {
+		io.WriteString(w, "ok\n")
+	})
+	ready := func(w http.ResponseWriter, _ *http.Request) {
+		if reason := svc.NotServingReason(); reason != "" {
+			http.Error(w, "NOT_SERVING: "+reason, http.StatusServiceUnavailable)
 			return
 		}
 		io.WriteString(w, "SERVING\n")
-	})
+	}
+	mux.HandleFunc("/readyz", ready)
+	mux.HandleFunc("/healthz", ready)
 	return &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 }
 
@@ -156,10 +209,7 @@ func openEtcd(ctx context.Context, cfg serveConfig, log *slog.Logger) (_ *serveE
 	}()
 	if len(cfg.Etcd) == 0 {
 		log.Info("starting embedded etcd", "data_dir", cfg.DataDir, "client_url", cfg.EtcdClientURL)
-		elog, quiet, err := etcdLogger()
-		if err != nil {
-			return nil, err
-		}
+		elog, quiet := etcdLogger(log)
 		e.quiet = quiet
 		e.emb, err = embedetcd.Start(ctx, embedetcd.Config{
 			Dir:       cfg.DataDir,
@@ -208,38 +258,4 @@ func (e *serveEtcd) Close() {
 		e.quiet() // etcd logs its own orderly close as errors
 		e.emb.Stop()
 	}
-}
-
-// etcdLogger is the embedded etcd's logger: JSON on stderr at error level,
-// silenced by quiet() just before an orderly stop.
-func etcdLogger() (lg *zap.Logger, quiet func(), err error) {
-	zc := zap.NewProductionConfig()
-	zc.Level = zap.NewAtomicLevelAt(zapcore.ErrorLevel)
-	zc.OutputPaths = []string{"stderr"}
-	zc.ErrorOutputPaths = []string{"stderr"}
-	var stopping atomic.Bool
-	lg, err = zc.Build(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
-		return quietCore{Core: c, stopping: &stopping}
-	}))
-	if err != nil {
-		return nil, nil, errors.Wrap(err, "etcd logger")
-	}
-	return lg, func() { stopping.Store(true) }, nil
-}
-
-// quietCore drops every entry once stopping is set.
-type quietCore struct {
-	zapcore.Core
-	stopping *atomic.Bool
-}
-
-func (c quietCore) With(f []zapcore.Field) zapcore.Core {
-	return quietCore{Core: c.Core.With(f), stopping: c.stopping}
-}
-
-func (c quietCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
-	if c.stopping.Load() {
-		return ce
-	}
-	return c.Core.Check(e, ce)
 }

@@ -26,6 +26,7 @@ const (
 	defaultEtcdClientURL = "http://127.0.0.1:2379"
 	defaultEtcdPeerURL   = "http://127.0.0.1:2380"
 	defaultShutdown      = 10 * time.Second
+	defaultDrainDelay    = 5 * time.Second
 )
 
 // serveConfig is `rangesvc serve`'s flags, one field per flag. Zero values
@@ -38,8 +39,9 @@ type serveConfig struct {
 	// Listen (--listen, default 127.0.0.1:7070) is the gRPC address. Port 0
 	// picks a free port; the bound address is logged ("msg=listening").
 	Listen string
-	// Metrics (--metrics, default 127.0.0.1:9090) serves /metrics and
-	// /healthz over HTTP. Port 0 picks a free port.
+	// Metrics (--metrics, default 127.0.0.1:9090) serves /metrics and the
+	// probes /livez, /readyz (and /healthz, its old name) over HTTP. Port 0
+	// picks a free port.
 	Metrics string
 	// DataDir (--data-dir, default ./data/rangesvc) is the embedded etcd's
 	// data directory. Only without --etcd.
@@ -76,6 +78,20 @@ type serveConfig struct {
 	// LogLevel (--log-level debug|info|warn|error, default info).
 	LogLevel string
 
+	// Operations (docs/operations.md).
+	//
+	// DrainDelay (--drain-delay, default 5s; 0 allowed) is how long serve
+	// keeps answering after SIGINT/SIGTERM while it reports NOT_SERVING
+	// (gRPC health, /readyz), so balancers move traffic away before the
+	// gRPC server stops; ShutdownTimeout bounds the stop after it.
+	DrainDelay time.Duration
+	// LogFormat (--log-format text|json, default text): one line per event
+	// on stderr, the embedded etcd's logs included.
+	LogFormat string
+	// ConfigFile (--config FILE) is the YAML file the flags were read from
+	// ("" without one); flags on the command line override it.
+	ConfigFile string
+
 	// Faults are the test-only fault flags; empty, and no flags, unless
 	// built with -tags idrange_faults (faults_on.go).
 	Faults faultConfig
@@ -87,7 +103,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs := cli.NewFlagSet(prog, "serve", stderr)
 	fs.IntVar(&c.Region, "region", -1, "region code 0..3 this replica serves (required)")
 	fs.StringVar(&c.Listen, "listen", defaultListen, "gRPC listen address host:port (port 0: any free port)")
-	fs.StringVar(&c.Metrics, "metrics", defaultMetrics, "HTTP address for /metrics and /healthz")
+	fs.StringVar(&c.Metrics, "metrics", defaultMetrics, "HTTP address for /metrics and the probes /livez, /readyz")
 	fs.Func("data-dir", "embedded etcd data directory (default "+defaultDataDir+"); not with --etcd", func(s string) error {
 		c.DataDir, c.dataDirSet = s, true
 		return nil
@@ -113,17 +129,20 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.DurationVar(&c.EtcdTimeout, "etcd-timeout", region.DefaultEtcdTimeout, "timeout for connecting to etcd and health probes")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", defaultShutdown, "graceful shutdown bound")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.DurationVar(&c.DrainDelay, "drain-delay", defaultDrainDelay, "after SIGTERM, report NOT_SERVING this long before stopping the gRPC server (0: stop at once)")
+	fs.StringVar(&c.LogFormat, "log-format", logText, "log format: text or json")
 	c.Faults.register(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: rangesvc serve --region N [--listen ADDR] [--metrics ADDR] [--data-dir DIR | --etcd EPS] [flags]")
+		fmt.Fprintln(fs.Output(), "usage: rangesvc serve --region N [--listen ADDR] [--metrics ADDR] [--data-dir DIR | --etcd EPS] [--config FILE] [flags]")
 		fs.PrintDefaults()
 	}
-	if err := cli.ParseFlags(fs, args); err != nil {
+	if err := cli.ParseFlagsWithConfig(fs, args); err != nil {
 		return c, err
 	}
 	if fs.NArg() > 0 {
 		return c, cli.Usagef("unexpected arguments %q", fs.Args())
 	}
+	c.ConfigFile = fs.Lookup(cli.ConfigFlag).Value.String()
 	if !c.dataDirSet {
 		c.DataDir = defaultDataDir
 	}
@@ -176,6 +195,10 @@ func (c serveConfig) Validate() error {
 		return fmt.Errorf("--etcd-timeout %v must be positive", c.EtcdTimeout)
 	case c.ShutdownTimeout <= 0:
 		return fmt.Errorf("--shutdown-timeout %v must be positive", c.ShutdownTimeout)
+	case c.DrainDelay < 0:
+		return fmt.Errorf("--drain-delay %v must not be negative", c.DrainDelay)
+	case c.LogFormat != logText && c.LogFormat != logJSON:
+		return fmt.Errorf("--log-format %q: want %s or %s", c.LogFormat, logText, logJSON)
 	}
 	if err := etcdstore.ValidatePrefix(c.KeyPrefix); err != nil {
 		return fmt.Errorf("--key-prefix: %w", err)

@@ -35,7 +35,9 @@ type ServeConfig struct {
 	// Faults runs the fault build (FaultBinary) so the test-only flags
 	// (--fault-clock-offset, --fault-clock-file) are accepted.
 	Faults bool
-	// Args are extra flags appended to the command line.
+	// Args are extra flags appended to the command line. StartServe passes
+	// --drain-delay 0s before them (a SIGTERM stops at once, as before the
+	// flag existed); Args may set it again.
 	Args []string
 	// StartTimeout bounds the wait for the "listening" log line. Default 60s.
 	StartTimeout time.Duration
@@ -45,7 +47,8 @@ type ServeConfig struct {
 type Process struct {
 	Cmd *exec.Cmd
 	// GRPCAddr and MetricsAddr are the bound addresses, from the
-	// "msg=listening grpc=... metrics=..." log line.
+	// "msg=listening grpc=... metrics=..." log line (or its JSON form with
+	// --log-format json).
 	GRPCAddr, MetricsAddr string
 	// DataDir is the data directory it was started with ("" with Etcd).
 	DataDir string
@@ -56,7 +59,9 @@ type Process struct {
 	err    error // Wait's result, valid after done is closed
 }
 
-var listeningRE = regexp.MustCompile(`msg=listening grpc=(\S+) metrics=(\S+)`)
+// listeningRE matches serve's "listening" line in --log-format text and
+// json.
+var listeningRE = regexp.MustCompile(`msg=listening grpc=(\S+) metrics=(\S+)|"msg":"listening","grpc":"([^"]+)","metrics":"([^"]+)"`)
 
 // StartServe starts `rangesvc serve` with cfg and waits until it listens.
 // The process is killed at the end of the test if still running.
@@ -85,6 +90,7 @@ func StartServe(t testing.TB, cfg ServeConfig) *Process {
 		args = append(args, "--data-dir", cfg.DataDir,
 			"--etcd-client-url", "http://127.0.0.1:0", "--etcd-peer-url", "http://127.0.0.1:0")
 	}
+	args = append(args, "--drain-delay", "0s")
 	args = append(args, cfg.Args...)
 	p := &Process{t: t, DataDir: cfg.DataDir, done: make(chan struct{})}
 	p.Cmd = exec.Command(bin, args...)
@@ -109,6 +115,9 @@ func StartServe(t testing.TB, cfg ServeConfig) *Process {
 			if !found {
 				if m := listeningRE.FindStringSubmatch(line); m != nil {
 					found = true
+					if m[1] == "" { // the JSON form
+						m = m[2:]
+					}
 					addrs <- [2]string{m[1], m[2]}
 				}
 			}
@@ -214,6 +223,29 @@ func Mint(t testing.TB, targets []string, region, n int) []snowflake.ID {
 func (p *Process) Scrape(t testing.TB) string {
 	t.Helper()
 	return get(t, "http://"+p.MetricsAddr+"/metrics")
+}
+
+// Probe GETs http://MetricsAddr<path> (a probe such as /livez or /readyz)
+// and returns the status code and body; any status is an answer, only a
+// failed request fails t.
+func (p *Process) Probe(t testing.TB, path string) (code int, body string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.MetricsAddr+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("testenv: GET %s: %v", req.URL, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
 }
 
 func get(t testing.TB, url string) string {
