@@ -71,7 +71,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	hs := metricsServer(reg, rep.Service())
+	hs := metricsServer(reg, rep.Service(), log)
 	errc := make(chan error, 2)
 	grpcErr := rep.Serve(gl)
 	go func() { errc <- <-grpcErr }()
@@ -172,7 +172,9 @@ func listen(cfg serveConfig) (grpcLis, metricsLis net.Listener, err error) {
 //   - /readyz: 200 "SERVING" while svc reports SERVING (the same signal as
 //     gRPC health); otherwise 503 "NOT_SERVING: <reason>".
 //   - /healthz: /readyz under its old name.
-func metricsServer(reg *prometheus.Registry, svc *service.Service) *http.Server {
+//
+// The HTTP server's own errors go to log.
+func metricsServer(reg *prometheus.Registry, svc *service.Service, log *slog.Logger) *http.Server {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) {
@@ -187,7 +189,8 @@ func metricsServer(reg *prometheus.Registry, svc *service.Service) *http.Server 
 	}
 	mux.HandleFunc("/readyz", ready)
 	mux.HandleFunc("/healthz", ready)
-	return &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	return &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog: slog.NewLogLogger(log.With("component", "metrics-http").Handler(), slog.LevelWarn)}
 }
 
 // serveEtcd is serve's etcd: the embedded member in the data dir (emb set)
