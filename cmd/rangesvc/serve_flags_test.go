@@ -37,6 +37,10 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"serve", "--region", "0", "--log-level", "loud"}, "--log-level"},
 		{[]string{"serve", "--region", "0", "--shutdown-timeout", "0s"}, "--shutdown-timeout"},
 		{[]string{"serve", "--region", "0", "--data-dir", ""}, "--data-dir must not be empty"},
+		{[]string{"serve", "--region", "0", "--drain-delay", "-1s"}, "--drain-delay -1s must not be negative"},
+		{[]string{"serve", "--region", "0", "--log-format", "xml"}, `--log-format "xml": want text or json`},
+		{[]string{"serve", "--region", "0", "--config", ""}, "--config: empty file name"},
+		{[]string{"serve", "--region", "0", "--config", "/nonexistent/rangesvc.yaml"}, "no such file"},
 		{[]string{"serve", "--region", "0", "extra"}, "unexpected arguments"},
 		{[]string{"serve", "--region", "0", "--no-such-flag"}, "flag provided but not defined"},
 		{[]string{"mint"}, "--target is required"},
@@ -72,6 +76,7 @@ func TestServeFlagsDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Listen != defaultListen || c.Metrics != defaultMetrics || c.DataDir != defaultDataDir ||
+		c.DrainDelay != defaultDrainDelay || c.LogFormat != logText || c.ConfigFile != "" ||
 		c.LeaseTTL != segment.DefaultLeaseTTL || c.MaxLead != segment.DefaultMaxLead || len(c.Etcd) != 0 || c.Region != 2 {
 		t.Fatalf("defaults = %+v", c)
 	}
