@@ -82,6 +82,7 @@ func TestProbesEtcdDownSubprocess(t *testing.T) {
 		Args: []string{"--etcd-timeout", "1s"}})
 
 	svcs := reflectedServices(t, ctx, p.GRPCAddr)
+	t.Logf("reflection lists %q", svcs)
 	for _, want := range []string{"idrange.v1.RangeService", "grpc.health.v1.Health"} {
 		if !slices.Contains(svcs, want) {
 			t.Errorf("reflection lists %q, want %s among them", svcs, want)
