@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"syscall"
@@ -13,6 +14,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"go.uber.org/zap"
 
+	"github.com/idrange/idrange/internal/cli"
 	"github.com/idrange/idrange/internal/testenv"
 )
 
@@ -129,5 +131,31 @@ func TestJSONLogsSubprocess(t *testing.T) {
 	t.Logf("%d JSON log lines", len(lines))
 	if testing.Verbose() {
 		t.Log(p.Stderr())
+	}
+}
+
+// A runtime failure after the logger exists is logged in the chosen format
+// (one JSON line naming the error) and exits 1, instead of a plain
+// "rangesvc serve: ..." line.
+func TestServeFailureLoggedAsJSON(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := l.Addr().String()
+	l.Close() // nothing listens here now: etcd unreachable
+	code, out, errs := runCmd("serve", "--region", "0", "--etcd", dead, "--etcd-timeout", "300ms",
+		"--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0", "--log-format", "json")
+	if code != cli.ExitFailure || out != "" {
+		t.Fatalf("exit %d stdout %q, want %d and nothing", code, out, cli.ExitFailure)
+	}
+	lines := strings.Split(strings.TrimSuffix(errs, "\n"), "\n")
+	for i, l := range lines {
+		if !json.Valid([]byte(l)) {
+			t.Fatalf("stderr line %d is not JSON: %q", i+1, l)
+		}
+	}
+	if last := lines[len(lines)-1]; !strings.Contains(last, `"msg":"serve failed"`) || !strings.Contains(last, "not reachable") {
+		t.Fatalf("last line %q, want the failure with its error", last)
 	}
 }
