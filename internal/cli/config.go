@@ -19,7 +19,8 @@ const ConfigFlag = "config"
 // ParseFlagsWithConfig is ParseFlags with a --config FILE flag added to fs.
 // The file is YAML, one key per flag, named exactly like the flag (without
 // dashes); it sets every flag the command line does not set, so the
-// command line overrides the file. See ApplyConfigFile for the values.
+// command line overrides the file. See ApplyConfigFile for the values. fs
+// must not define a flag named "config" itself.
 //
 // The file is applied after the command line, to the flags it left unset,
 // rather than before it: a flag whose Set accumulates (a fs.Func that
