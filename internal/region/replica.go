@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 
+	"github.com/idrange/idrange/internal/admin"
 	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/segment"
@@ -132,7 +133,22 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 	}
 	r.srv = grpc.NewServer(opts...)
 	r.svc.Register(r.srv)
+	if err := registerAdmin(r); err != nil {
+		return nil, err
+	}
 	return r, nil
+}
+
+// registerAdmin serves the AdminService (rangesvc admin) beside the
+// RangeService, over the replica's own store and etcd client.
+func registerAdmin(r *Replica) error {
+	adm, err := admin.New(admin.Config{Region: r.cfg.Region, Store: r.store, Etcd: r.cfg.Etcd,
+		Serving: r.svc.Serving, Clock: r.cfg.Clock, Logger: r.cfg.Logger})
+	if err != nil {
+		return err
+	}
+	adm.Register(r.srv)
+	return nil
 }
 
 // openStore is the one place a replica's segment.Store is constructed.
