@@ -446,12 +446,20 @@ func days(ms int64) string {
 	return fmt.Sprintf("%dd%dh", d/(24*time.Hour), d%(24*time.Hour)/time.Hour)
 }
 
+// bytesStr prints a byte count in binary units ("-" for 0: not reported).
 func bytesStr(n int64) string {
 	if n == 0 {
 		return "-"
 	}
-	const mib = 1 << 20
-	return fmt.Sprintf("%.1f MiB", float64(n)/mib)
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
+	v, i := float64(n), 0
+	for ; v >= 1024 && i < len(units)-1; i++ {
+		v /= 1024
+	}
+	if i == 0 {
+		return fmt.Sprintf("%d B", n)
+	}
+	return fmt.Sprintf("%.1f %s", v, units[i])
 }
 
 func (a *adminRun) leaseRows(ctx context.Context) (*idrangev1.ListLeasesResponse, error) {

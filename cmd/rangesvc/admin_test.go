@@ -407,3 +407,11 @@ func TestAdminAlarmListAndDisarm(t *testing.T) {
 		t.Fatalf("acquire after disarm: %v", err)
 	}
 }
+
+func TestAdminBytes(t *testing.T) {
+	for n, want := range map[int64]string{0: "-", 512: "512 B", 1536: "1.5 KiB", 14_400_000: "13.7 MiB", 2 << 30: "2.0 GiB"} {
+		if got := bytesStr(n); got != want {
+			t.Errorf("bytesStr(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
