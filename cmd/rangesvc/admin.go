@@ -358,6 +358,11 @@ func (a *adminRun) status(ctx context.Context) error {
 		return err
 	})
 	if err != nil {
+		// No region view (etcd down, say): the replicas' health is still
+		// worth printing, then the command fails.
+		if perr := a.printReplicas(reps, err); perr != nil {
+			return perr
+		}
 		return err
 	}
 	out := statusJSON{
@@ -379,14 +384,7 @@ func (a *adminRun) status(ctx context.Context) error {
 		return a.json(out)
 	}
 	w := a.table()
-	fmt.Fprintln(w, "REPLICA\tREGION\tHEALTH\tERROR")
-	for _, r := range out.Replicas {
-		reg := "-"
-		if r.Region != nil {
-			reg = strconv.Itoa(*r.Region)
-		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", r.Target, reg, r.Health, r.Error)
-	}
+	replicaRows(w, out.Replicas)
 	fmt.Fprintln(w)
 	serving := "SERVING"
 	if !out.Serving {
@@ -428,6 +426,31 @@ func (a *adminRun) status(ctx context.Context) error {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.Endpoint, m.MemberID, m.LeaderID,
 			bytesStr(m.DBSize), bytesStr(m.DBSizeInUse), bytesStr(m.DBQuota), m.Version, errs)
 	}
+	return w.Flush()
+}
+
+func replicaRows(w io.Writer, reps []replicaJSON) {
+	fmt.Fprintln(w, "REPLICA\tREGION\tHEALTH\tERROR")
+	for _, r := range reps {
+		reg := "-"
+		if r.Region != nil {
+			reg = strconv.Itoa(*r.Region)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", r.Target, reg, r.Health, r.Error)
+	}
+}
+
+// printReplicas prints only the replicas' health, for a status whose
+// region view failed with err.
+func (a *adminRun) printReplicas(reps []replicaJSON, err error) error {
+	if a.cfg.Output == "json" {
+		return a.json(struct {
+			Replicas []replicaJSON `json:"replicas"`
+			Error    string        `json:"error"`
+		}{reps, err.Error()})
+	}
+	w := a.table()
+	replicaRows(w, reps)
 	return w.Flush()
 }
 

@@ -415,3 +415,42 @@ func TestAdminBytes(t *testing.T) {
 		}
 	}
 }
+
+// With etcd down, admin status still prints the replicas' health (now
+// NOT_SERVING) and then fails: there is no region view to show.
+func TestAdminStatusEtcdDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real region: skipped with -short")
+	}
+	etcd := embedetcdtest.Start(t)
+	r := regiontest.Start(t, region.Config{Region: 3, Etcd: etcd})
+	adminTable(t, []string{"SERVING", "free codes"}, "status", "--target", r.Addr())
+	etcd.Stop()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, out, errs := runCmd("admin", "status", "--target", r.Addr(), "-o", "json")
+		var v struct {
+			Replicas []replicaJSON `json:"replicas"`
+			Error    string        `json:"error"`
+		}
+		if code == cli.ExitFailure {
+			if err := json.Unmarshal([]byte(out), &v); err != nil {
+				t.Fatalf("status with etcd down: %v; stdout %q", err, out)
+			}
+			if len(v.Replicas) != 1 || v.Error == "" || !strings.Contains(errs, "Unavailable") {
+				t.Fatalf("status with etcd down: %+v, stderr %q; want the replica row, the error, Unavailable", v, errs)
+			}
+			if v.Replicas[0].Health == "NOT_SERVING" && v.Replicas[0].Region != nil && *v.Replicas[0].Region == 3 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status 30 s after etcd stopped: exit %d, stdout %q, stderr %q; want exit 1 and NOT_SERVING", code, out, errs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	code, out, _ := runCmd("admin", "status", "--target", r.Addr())
+	if code != cli.ExitFailure || !strings.Contains(out, "NOT_SERVING") || !strings.Contains(out, "REPLICA") {
+		t.Fatalf("status table with etcd down: exit %d, stdout %q", code, out)
+	}
+}
