@@ -45,6 +45,10 @@ import (
 // shorter deadline.
 const DefaultTimeout = 10 * time.Second
 
+// memberTimeout bounds one endpoint's Maintenance Status in Status, so one
+// dead member does not hold up the whole answer.
+const memberTimeout = 3 * time.Second
+
 // ttlParallel bounds the concurrent etcd TimeToLive calls of one ListLeases.
 const ttlParallel = 16
 
@@ -184,7 +188,9 @@ func (s *Server) members(ctx context.Context) []*idrangev1.EtcdMember {
 		wg.Go(func() {
 			m := &idrangev1.EtcdMember{Endpoint: ep}
 			out[i] = m
-			r, err := s.cfg.Etcd.Status(ctx, ep)
+			mctx, cancel := context.WithTimeout(ctx, memberTimeout)
+			r, err := s.cfg.Etcd.Status(mctx, ep)
+			cancel()
 			if err != nil {
 				m.Error = err.Error()
 				return
