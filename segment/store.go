@@ -378,17 +378,23 @@ func (s *Store) List(ctx context.Context, region int) ([]LeaseInfo, error) {
 		if !ok {
 			continue
 		}
-		info := LeaseInfo{Lease: Lease{Region: region, Worker: w, Token: e.CreateRevision, LeaseID: e.Lease}}
-		rec, err := s.checkRecord(&e, region, w)
-		if err != nil {
-			info.Err = err
-		} else {
-			info.Owner = rec.Owner
-			info.Acquired = time.UnixMilli(rec.AcquiredUnixMs)
-		}
-		out = append(out, info)
+		out = append(out, s.leaseInfo(&e, region, w))
 	}
 	return out, nil
+}
+
+// leaseInfo describes a code's owner entry e; a record that does not decode
+// is reported (and its error kept in Err).
+func (s *Store) leaseInfo(e *Entry, region, worker int) LeaseInfo {
+	info := LeaseInfo{Lease: Lease{Region: region, Worker: worker, Token: e.CreateRevision, LeaseID: e.Lease}}
+	rec, err := s.checkRecord(e, region, worker)
+	if err != nil {
+		info.Err = err
+	} else {
+		info.Owner = rec.Owner
+		info.Acquired = time.UnixMilli(rec.AcquiredUnixMs)
+	}
+	return info
 }
 
 // checkRecord decodes an owner entry and checks it against the code and the

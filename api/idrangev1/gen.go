@@ -1,8 +1,9 @@
 // Package idrangev1 holds the gRPC API of the range service, generated from
-// range.proto. The generated files are committed: building and testing need
-// no protoc.
+// range.proto (RangeService, for ID clients) and admin.proto (AdminService,
+// for operators: rangesvc admin). The generated files are committed:
+// building and testing need no protoc.
 //
-// To regenerate after editing range.proto, with the same generator versions
+// To regenerate after editing a .proto file, with the same generator versions
 // as the headers of range.pb.go and range_grpc.pb.go (so the diff shows only
 // the change):
 //
@@ -15,4 +16,4 @@
 // committed files byte for byte.
 package idrangev1
 
-//go:generate protoc --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative range.proto
+//go:generate protoc --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative range.proto admin.proto

@@ -2,6 +2,7 @@
 //
 //	rangesvc serve   --region N --listen ADDR --metrics ADDR [--data-dir DIR | --etcd EPS]
 //	rangesvc mint    --target ADDR -n N
+//	rangesvc admin   status|leases|fence|alarm --target ADDR [-o table|json]
 //	rangesvc decode  ID...
 //	rangesvc compare [flags]   (runs rangesvc-bench compare)
 //	rangesvc bench   [flags]   (runs rangesvc-bench bench)
@@ -30,6 +31,7 @@ var commands = map[string]cli.Command{
 	"decode":  {Summary: "print the fields of IDs", Run: runDecode},
 	"serve":   {Summary: "run the regional range service (gRPC) on embedded or external etcd", Run: runServe},
 	"mint":    {Summary: "mint N IDs through a range service and print them", Run: runMint},
+	"admin":   {Summary: "operator view of a region: status, leases, fence, alarm (through the service)", Run: runAdmin},
 	"compare": {Summary: "run one workload through each ID strategy and print a table (rangesvc-bench)", Run: forward("compare")},
 	"bench":   {Summary: "fleet load test: regions x workers at a target rate (rangesvc-bench)", Run: forward("bench")},
 	"version": {Summary: "print the build: module version, VCS revision, Go version", Run: runVersion},

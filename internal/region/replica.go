@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/idrange/idrange/internal/admin"
 	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/segment"
@@ -133,11 +134,26 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 	}
 	r.srv = grpc.NewServer(opts...)
 	r.svc.Register(r.srv)
+	if err := registerAdmin(r); err != nil {
+		return nil, err
+	}
 
 	// Server reflection: grpcurl and other generic clients list and call
 	// the services without the .proto files (docs/operations.md).
 	reflection.Register(r.srv)
 	return r, nil
+}
+
+// registerAdmin serves the AdminService (rangesvc admin) beside the
+// RangeService, over the replica's own store and etcd client.
+func registerAdmin(r *Replica) error {
+	adm, err := admin.New(admin.Config{Region: r.cfg.Region, Store: r.store, Etcd: r.cfg.Etcd,
+		Serving: r.svc.Serving, Clock: r.cfg.Clock, Logger: r.cfg.Logger})
+	if err != nil {
+		return err
+	}
+	adm.Register(r.srv)
+	return nil
 }
 
 // openStore is the one place a replica's segment.Store is constructed.

@@ -111,6 +111,7 @@ func Run(t *testing.T, open func(t *testing.T) Backend) {
 		{"UnknownCommitNeverReturnsTheBlock", testUnknownCommit},
 		{"BatchOneCompareFailsOthersCommit", testBatchOneCompareFails},
 		{"ConcurrentCodesNeverOverlap", testConcurrentCodesNeverOverlap},
+		{"SnapshotAndFence", testSnapshotAndFence},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -880,5 +881,158 @@ func testConcurrentCodesNeverOverlap(t *testing.T, be Backend) {
 		if hwm, err := stores[0].HighWater(ctx, 2, leases[c].Worker); err != nil || hwm != bs[len(bs)-1].Hi {
 			t.Fatalf("code %d: HWM %d, %v; want the highest Hi %d", c, hwm, err, bs[len(bs)-1].Hi)
 		}
+	}
+}
+
+// testSnapshotAndFence: an operator's view of a region matches what the
+// Store granted, and Fence ends exactly the lease it names: never a newer
+// owner's, even when that owner took the code after the operator looked.
+func testSnapshotAndFence(t *testing.T, be Backend) {
+	stg := be.Storage(t)
+	st := NewStore(t, stg, segment.StoreConfig{})
+	ctx := Ctx(t)
+
+	var leases []segment.Lease
+	his := map[int]int64{}
+	for i := range 3 {
+		l, err := st.Acquire(ctx, 3, fmt.Sprintf("owner-%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := st.Allocate(ctx, l, 4096*(i+1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+		his[l.Worker] = b.Hi
+	}
+	// A released code keeps its HWM and counts as free.
+	gone, err := st.Acquire(ctx, 3, "released")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gb, err := st.Allocate(ctx, gone, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Release(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	// A corrupt HWM on a free code stops it: not free, reported.
+	corruptCode := 0
+	for _, held := his[corruptCode]; held || corruptCode == gone.Worker; _, held = his[corruptCode] {
+		corruptCode++
+	}
+	be.Put(t, be.HighWaterKey(3, corruptCode), []byte("v1:-5"), 0)
+
+	snap, err := st.Snapshot(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.Region != 3 || snap.Rev <= 0 || len(snap.Leases) != 3 || snap.Free != 256-3-1 {
+		t.Fatalf("snapshot region %d rev %d, %d leases, %d free; want region 3, 3 leases, %d free",
+			snap.Region, snap.Rev, len(snap.Leases), snap.Free, 256-3-1)
+	}
+	if free, err := st.FreeCodes(ctx, 3); err != nil || free != snap.Free {
+		t.Fatalf("FreeCodes = %d, %v; Snapshot says %d", free, err, snap.Free)
+	}
+	for i, li := range snap.Leases {
+		if i > 0 && li.Worker <= snap.Leases[i-1].Worker {
+			t.Fatalf("leases not ordered by worker: %+v", snap.Leases)
+		}
+		if li.Err != nil || li.Token <= 0 || li.LeaseID <= 0 || !strings.HasPrefix(li.Owner, "owner-") || li.Acquired.IsZero() {
+			t.Fatalf("lease row %+v", li)
+		}
+		if got := snap.HighWaters[li.Worker]; got != his[li.Worker] {
+			t.Fatalf("worker %d: snapshot HWM %d, granted up to %d", li.Worker, got, his[li.Worker])
+		}
+	}
+	if got := snap.HighWaters[gone.Worker]; got != gb.Hi {
+		t.Fatalf("released worker %d: snapshot HWM %d, want %d kept", gone.Worker, got, gb.Hi)
+	}
+	if err := snap.Corrupt[corruptCode]; !errors.Is(err, segment.ErrCorrupt) || len(snap.Corrupt) != 1 {
+		t.Fatalf("corrupt HWMs %v; want only code %d, wrapping ErrCorrupt", snap.Corrupt, corruptCode)
+	}
+
+	// Fence with a stale token: nothing happens.
+	victim, other := leases[0], leases[1]
+	if _, err := st.Fence(ctx, 3, victim.Worker, victim.Token+1_000_000); !errors.Is(err, segment.ErrFenced) {
+		t.Fatalf("Fence with a token that does not own the code: %v, want ErrFenced", err)
+	}
+	if _, err := st.Renew(ctx, victim); err != nil {
+		t.Fatalf("victim after a refused fence: %v", err)
+	}
+	// Fence the victim by its token (a second replica, as an admin RPC
+	// served by another replica would).
+	admin := NewStore(t, be.Storage(t), segment.StoreConfig{})
+	leasesBefore := be.Leases(t)
+	info, err := admin.Fence(ctx, 3, victim.Worker, victim.Token)
+	if err != nil {
+		t.Fatalf("Fence: %v", err)
+	}
+	if info.Worker != victim.Worker || info.Token != victim.Token || info.LeaseID != victim.LeaseID || info.Owner != "owner-0" {
+		t.Fatalf("Fence returned %+v, want the victim's lease %+v", info, victim)
+	}
+	if n := be.Leases(t); n != leasesBefore-1 {
+		t.Fatalf("%d storage leases after the fence, %d before: the victim's lease must be revoked", n, leasesBefore)
+	}
+	// The victim's next renewal and grant are refused; the others go on.
+	if _, err := st.Renew(ctx, victim); !errors.Is(err, segment.ErrLeaseLost) {
+		t.Fatalf("fenced owner's Renew: %v, want ErrLeaseLost", err)
+	}
+	if _, err := st.Allocate(ctx, victim, 1); !errors.Is(err, segment.ErrLeaseLost) {
+		t.Fatalf("fenced owner's Allocate: %v, want ErrLeaseLost", err)
+	}
+	if _, err := st.Allocate(ctx, other, 1); err != nil {
+		t.Fatalf("another owner after the fence: %v", err)
+	}
+	if _, err := admin.Fence(ctx, 3, victim.Worker, 0); !errors.Is(err, segment.ErrLeaseLost) {
+		t.Fatalf("Fence of a free code: %v, want ErrLeaseLost", err)
+	}
+	// Its HWM stays: the next owner of the code starts above the victim's
+	// blocks. Hold every other free code so the new owner gets this one.
+	snap, err = st.Snapshot(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := snap.HighWaters[victim.Worker]; got != his[victim.Worker] {
+		t.Fatalf("HWM after the fence %d, want %d kept", got, his[victim.Worker])
+	}
+	// A stale token (the victim's) must not fence the code's new owner.
+	var newOwner segment.Lease
+	for range 256 {
+		l, err := st.Acquire(ctx, 3, "filler")
+		if err != nil {
+			t.Fatalf("acquire until the victim's code comes back: %v", err)
+		}
+		if l.Worker == victim.Worker {
+			newOwner = l
+			break
+		}
+	}
+	if newOwner.Token <= victim.Token {
+		t.Fatalf("new owner of code %d: %+v", victim.Worker, newOwner)
+	}
+	if _, err := admin.Fence(ctx, 3, victim.Worker, victim.Token); !errors.Is(err, segment.ErrFenced) {
+		t.Fatalf("Fence with the old token after a new owner took the code: %v, want ErrFenced", err)
+	}
+	b, err := st.Allocate(ctx, newOwner, 1)
+	if err != nil {
+		t.Fatalf("new owner after a refused fence: %v", err)
+	}
+	if b.Lo < his[victim.Worker] {
+		t.Fatalf("new owner's block starts at %d, below the fenced owner's HWM %d", b.Lo, his[victim.Worker])
+	}
+	for name, f := range map[string]func() error{
+		"region": func() error { _, err := admin.Fence(ctx, 4, 0, 0); return err },
+		"worker": func() error { _, err := admin.Fence(ctx, 3, 256, 0); return err },
+		"token":  func() error { _, err := admin.Fence(ctx, 3, 0, -1); return err },
+	} {
+		if err := f(); !errors.Is(err, segment.ErrInvalid) || !strings.Contains(err.Error(), name) {
+			t.Errorf("Fence with a bad %s: %v, want ErrInvalid naming it", name, err)
+		}
+	}
+	if _, err := admin.Snapshot(ctx, 4); !errors.Is(err, segment.ErrInvalid) {
+		t.Errorf("Snapshot of region 4: %v, want ErrInvalid", err)
 	}
 }

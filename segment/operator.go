@@ -1,0 +1,144 @@
+package segment
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/idrange/idrange/snowflake"
+)
+
+// This file holds what operators ask of a Store (rangesvc admin): a
+// snapshot of a region and fencing one code. Both go through Storage's
+// contract as it is (Scan, Code, DeleteOwner, Revoke); the strict decoding
+// of stored values stays in this package.
+
+// RegionSnapshot is one consistent view of a region's codes, for operators.
+type RegionSnapshot struct {
+	Region int
+	// Rev is the storage revision the view was read at.
+	Rev int64
+	// Leases are the live leases, ordered by worker code (as List reports
+	// them; TTL is zero).
+	Leases []LeaseInfo
+	// HighWaters holds the committed high-water mark (linear space, an
+	// exclusive end) of every code that ever had a grant and whose value
+	// decodes.
+	HighWaters map[int]int64
+	// Corrupt holds, by code, the error (wrapping ErrCorrupt) of every
+	// high-water mark that does not decode: those codes are stopped.
+	Corrupt map[int]error
+	// Free is how many codes Acquire could hand out: not leased, and with
+	// a decodable (or absent) high-water mark. FreeCodes reports the same.
+	Free int
+}
+
+// Snapshot reads region's owner and high-water entries in one consistent
+// view and decodes them strictly.
+func (s *Store) Snapshot(ctx context.Context, region int) (RegionSnapshot, error) {
+	if err := validRegion(region); err != nil {
+		return RegionSnapshot{}, err
+	}
+	octx, cancel := s.opCtx(ctx)
+	rv, err := s.stg.Scan(octx, region)
+	cancel()
+	if err != nil {
+		return RegionSnapshot{}, unavailable(err, "region %d: snapshot", region)
+	}
+	snap := RegionSnapshot{
+		Region: region, Rev: rv.Rev,
+		Leases:     make([]LeaseInfo, 0, len(rv.Owners)),
+		HighWaters: make(map[int]int64, len(rv.HighWaters)),
+		Corrupt:    map[int]error{},
+	}
+	for w := 0; w <= snowflake.MaxWorker; w++ {
+		e, leased := rv.Owners[w]
+		if leased {
+			snap.Leases = append(snap.Leases, s.leaseInfo(&e, region, w))
+		}
+		h, ok := rv.HighWaters[w]
+		if !ok {
+			if !leased {
+				snap.Free++
+			}
+			continue
+		}
+		hwm, err := DecodeHighWater(h.Value)
+		if err != nil {
+			err = fmt.Errorf("key %s: %w", h.Key, err)
+			s.reportCorrupt(h.Key, err)
+			snap.Corrupt[w] = err
+			continue
+		}
+		snap.HighWaters[w] = hwm
+		if !leased {
+			snap.Free++
+		}
+	}
+	return snap, nil
+}
+
+// Fence ends a code's current lease on purpose: an operator taking a stuck
+// or rogue owner out. It deletes the code's owner entry if and only if it
+// is still the one created by token and attached to the same storage lease
+// (one compare-and-delete: it cannot remove an owner that took the code
+// after the read), then revokes that lease, which no other entry uses
+// (every Acquire grants its own). token 0 means whichever owner holds the
+// code when Fence reads it.
+//
+// The code's high-water mark stays, so whoever takes the code next starts
+// above everything the fenced owner was granted. The fenced owner learns at
+// its next renewal or grant (ErrLeaseLost: its lease key is gone) and stops
+// minting; nothing stops it from acquiring another code. Fencing cannot
+// cause a duplicate: it only removes an owner, and blocks are disjoint by
+// the high-water mark whoever owns the code.
+//
+// It returns the lease it fenced. Errors: ErrInvalid (a bad argument,
+// named), ErrLeaseLost (the code has no owner, or it went away during the
+// call), ErrFenced (another token owns the code: nothing was done),
+// ErrUnavailable (the storage did not answer; if the delete's outcome is
+// unknown, calling Fence again with the same token is safe).
+func (s *Store) Fence(ctx context.Context, region, worker int, token int64) (LeaseInfo, error) {
+	if err := validRegion(region); err != nil {
+		return LeaseInfo{}, err
+	}
+	switch {
+	case worker < 0 || worker > snowflake.MaxWorker:
+		return LeaseInfo{}, fmt.Errorf("worker %d not in 0..%d: %w", worker, snowflake.MaxWorker, ErrInvalid)
+	case token < 0:
+		return LeaseInfo{}, fmt.Errorf("token %d is negative: %w", token, ErrInvalid)
+	}
+	v, err := s.read(ctx, region, worker)
+	if err != nil {
+		return LeaseInfo{}, err
+	}
+	e := v.Owner
+	switch {
+	case e == nil:
+		return LeaseInfo{}, fmt.Errorf("fence region %d worker %d: the code has no owner: %w", region, worker, ErrLeaseLost)
+	case token != 0 && e.CreateRevision != token:
+		return LeaseInfo{}, fmt.Errorf("fence region %d worker %d: the code is owned by token %d, not %d; nothing fenced: %w",
+			region, worker, e.CreateRevision, token, ErrFenced)
+	}
+	info := s.leaseInfo(e, region, worker)
+	octx, cancel := s.opCtx(ctx)
+	ok, fresh, err := s.stg.DeleteOwner(octx, region, worker, e.CreateRevision, e.Lease)
+	cancel()
+	s.forget(region, worker)
+	if err != nil {
+		return LeaseInfo{}, unavailable(err, "fence region %d worker %d token %d: outcome unknown", region, worker, e.CreateRevision)
+	}
+	if !ok {
+		if fresh.Owner == nil {
+			return LeaseInfo{}, fmt.Errorf("fence region %d worker %d: token %d went away meanwhile: %w",
+				region, worker, e.CreateRevision, ErrLeaseLost)
+		}
+		return LeaseInfo{}, fmt.Errorf("fence region %d worker %d: token %d was replaced by token %d meanwhile; nothing fenced: %w",
+			region, worker, e.CreateRevision, fresh.Owner.CreateRevision, ErrFenced)
+	}
+	if e.Lease > 0 {
+		s.revoke(ctx, e.Lease)
+	}
+	s.log.Warn("lease fenced by an operator", "region", region, "worker", worker, "token", e.CreateRevision,
+		"lease_id", e.Lease, "owner", info.Owner)
+	return info, nil
+}
