@@ -215,8 +215,13 @@ func (c *Compactor) lead(ctx context.Context) error {
 	}()
 	el := concurrency.NewElection(sess, c.cfg.Key)
 	if err := el.Campaign(cctx, c.cfg.Name); err != nil {
-		if ctx.Err() != nil {
+		select {
+		case <-ctx.Done():
 			return nil
+		case <-sess.Done():
+			c.log.Info("compactor: session lease lost while waiting for the key; campaigning again")
+			return nil
+		default:
 		}
 		return errors.Wrap(err, "campaign")
 	}
