@@ -303,8 +303,9 @@ func (r *Replica) Serve(lis net.Listener) <-chan error {
 // Stop reports NOT_SERVING, stops accepting RPCs and lets in-flight ones
 // finish for up to grace (grace <= 0 closes them at once, as a crash
 // would), stops the background checks and the compactor (which gives the
-// compactor key up, so another replica takes over at once), and closes the Next minter (which
-// gives its lease back). The store and the etcd client stay usable.
+// compactor key up, so another replica takes over at once), and closes the
+// Next minter (which gives its lease back). The store and the etcd client
+// stay usable.
 func (r *Replica) Stop(grace time.Duration) {
 	r.svc.Shutdown()
 	if grace <= 0 {
