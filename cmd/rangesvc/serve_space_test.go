@@ -8,6 +8,7 @@ import (
 
 	"github.com/idrange/idrange/internal/cli"
 	"github.com/idrange/idrange/internal/etcdspace"
+	"github.com/idrange/idrange/internal/testenv"
 )
 
 // The compaction and quota flags: bad values exit 2 naming the flag; the
@@ -51,5 +52,33 @@ func TestServeSpaceFlags(t *testing.T) {
 	}
 	if c.CompactionInterval != 0 || c.CompactionRetention != time.Hour || c.EtcdQuotaBytes != 16<<20 || c.embeddedAutoCompaction() != 0 {
 		t.Fatalf("parsed: %+v, embedded auto-compaction %v", c, c.embeddedAutoCompaction())
+	}
+}
+
+// `rangesvc serve` on its embedded etcd: the quota flag reaches the member
+// (which reports it: idrange_etcd_quota_bytes), the replica leads the
+// compactor and compacts, and the space metrics are exported.
+func TestServeCompactsAndExportsSpace(t *testing.T) {
+	p := testenv.StartServe(t, testenv.ServeConfig{Region: 2, Args: []string{
+		"--compaction-interval", "1s", "--compaction-retention", "1s", "--etcd-quota-bytes", "67108864"}})
+	if !p.WaitStderr("compactor: leading", 30*time.Second) || !p.WaitStderr("compactor: compacted to revision", 30*time.Second) {
+		t.Fatalf("serve did not lead and compact:\n%s", p.Stderr())
+	}
+	var m string
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		m = p.Scrape(t)
+		if strings.Contains(m, "\nidrange_etcd_quota_bytes 6.7108864e+07\n") && strings.Contains(m, "idrange_etcd_backend_bytes{member=") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("space metrics missing or quota not the flag's:\n%s", m)
+		}
+		time.Sleep(200 * time.Millisecond) // poll pace
+	}
+	for _, want := range []string{"\nidrange_compactor_leader 1\n", "\nidrange_etcd_alarm{alarm=\"NOSPACE\"} 0\n", "idrange_etcd_backend_in_use_bytes{member="} {
+		if !strings.Contains(m, want) {
+			t.Fatalf("metrics lack %q:\n%s", want, m)
+		}
 	}
 }
