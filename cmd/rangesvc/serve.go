@@ -131,7 +131,20 @@ func (c serveConfig) replicaConfig(cli *clientv3.Client, clk clock.Clock, reg *p
 		Registry:      reg,
 		Next:          nextMinter(serveNextOwner(), log.With("component", "next-minter")),
 		Logger:        log,
+
+		CompactionInterval:  c.CompactionInterval,
+		CompactionRetention: c.CompactionRetention,
+		EtcdQuotaBytes:      c.EtcdQuotaBytes,
 	}
+}
+
+// embeddedAutoCompaction is the embedded etcd's own periodic compaction
+// retention: the service's retention, or off with the service's compactor.
+func (c serveConfig) embeddedAutoCompaction() time.Duration {
+	if c.CompactionInterval == 0 {
+		return 0
+	}
+	return c.CompactionRetention
 }
 
 // waitForEnd blocks until ctx ends (a signal), a server fails or the
@@ -219,6 +232,9 @@ func openEtcd(ctx context.Context, cfg serveConfig, log *slog.Logger) (_ *serveE
 			ClientURL: cfg.EtcdClientURL,
 			PeerURL:   cfg.EtcdPeerURL,
 			Logger:    elog,
+
+			QuotaBackendBytes:       cfg.EtcdQuotaBytes,
+			AutoCompactionRetention: cfg.embeddedAutoCompaction(),
 		})
 		if err != nil {
 			return nil, errors.Wrap(err, "embedded etcd")

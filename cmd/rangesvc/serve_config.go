@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idrange/idrange/internal/cli"
+	"github.com/idrange/idrange/internal/etcdspace"
 	"github.com/idrange/idrange/internal/region"
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/segment"
@@ -91,6 +92,20 @@ type serveConfig struct {
 	// ConfigFile (--config FILE) is the YAML file the flags were read from
 	// ("" without one); flags on the command line override it.
 	ConfigFile string
+	// History compaction and space (internal/etcdspace, docs/operations.md).
+	//
+	// CompactionInterval (--compaction-interval, default 5m; 0 = off) is how
+	// often the replica holding the compactor key compacts etcd's history.
+	// 0 also leaves the embedded etcd's own auto-compaction off.
+	CompactionInterval time.Duration
+	// CompactionRetention (--compaction-retention, default 5m) is how much
+	// history a compaction keeps; also the embedded etcd's auto-compaction
+	// retention.
+	CompactionRetention time.Duration
+	// EtcdQuotaBytes (--etcd-quota-bytes, default 2 GiB, etcd's default)
+	// is the embedded etcd's backend quota; with --etcd, the quota the
+	// external cluster runs with (exported when members do not report it).
+	EtcdQuotaBytes int64
 
 	// Faults are the test-only fault flags; empty, and no flags, unless
 	// built with -tags idrange_faults (faults_on.go).
@@ -131,6 +146,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.DurationVar(&c.DrainDelay, "drain-delay", defaultDrainDelay, "after SIGTERM, report NOT_SERVING this long before stopping the gRPC server (0: stop at once)")
 	fs.StringVar(&c.LogFormat, "log-format", logText, "log format: text or json")
+	fs.DurationVar(&c.CompactionInterval, "compaction-interval", etcdspace.DefaultCompactionInterval, "how often one replica compacts etcd history (0: off)")
+	fs.DurationVar(&c.CompactionRetention, "compaction-retention", etcdspace.DefaultCompactionRetention, "etcd history a compaction keeps")
+	fs.Int64Var(&c.EtcdQuotaBytes, "etcd-quota-bytes", etcdspace.DefaultQuotaBytes, "etcd backend quota in bytes (embedded: set; --etcd: what the cluster runs with)")
 	c.Faults.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: rangesvc serve --region N [--listen ADDR] [--metrics ADDR] [--data-dir DIR | --etcd EPS] [--config FILE] [flags]")
@@ -200,6 +218,9 @@ func (c serveConfig) Validate() error {
 	case c.LogFormat != logText && c.LogFormat != logJSON:
 		return fmt.Errorf("--log-format %q: want %s or %s", c.LogFormat, logText, logJSON)
 	}
+	if err := c.validateSpace(); err != nil {
+		return err
+	}
 	if err := etcdstore.ValidatePrefix(c.KeyPrefix); err != nil {
 		return fmt.Errorf("--key-prefix: %w", err)
 	}
@@ -211,6 +232,25 @@ func (c serveConfig) Validate() error {
 	}
 	return nil
 }
+
+// validateSpace checks the compaction and quota flags.
+func (c serveConfig) validateSpace() error {
+	switch {
+	case c.CompactionInterval < 0:
+		return fmt.Errorf("--compaction-interval %v must not be negative (0 turns compaction off)", c.CompactionInterval)
+	case c.CompactionInterval > 0 && c.CompactionInterval < time.Second:
+		return fmt.Errorf("--compaction-interval %v must be at least 1s (or 0: off)", c.CompactionInterval)
+	case c.CompactionRetention < time.Second:
+		return fmt.Errorf("--compaction-retention %v must be at least 1s", c.CompactionRetention)
+	case c.EtcdQuotaBytes < minQuotaBytes:
+		return fmt.Errorf("--etcd-quota-bytes %d must be at least %d (1 MiB)", c.EtcdQuotaBytes, minQuotaBytes)
+	}
+	return nil
+}
+
+// minQuotaBytes is the smallest --etcd-quota-bytes: below it a fresh etcd
+// raises NOSPACE almost at once.
+const minQuotaBytes = 1 << 20
 
 func parseLogLevel(s string) (slog.Level, error) {
 	var l slog.Level

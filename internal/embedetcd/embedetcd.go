@@ -87,8 +87,16 @@ type Config struct {
 	LogLevel string
 	// Logger, if set, receives etcd's logs (zap.NewNop() to silence them).
 	Logger *zap.Logger
-	// QuotaBackendBytes is etcd's backend size quota; 0 keeps etcd's default.
+	// QuotaBackendBytes is etcd's backend size quota; 0 keeps etcd's default
+	// (2 GiB). When the backend reaches it, etcd raises the NOSPACE alarm and
+	// refuses writes until it is defragmented and the alarm disarmed.
 	QuotaBackendBytes int64
+	// AutoCompactionRetention turns on etcd's own periodic history
+	// compaction, keeping this much history (etcd compacts every
+	// retention, or every hour when it is longer). 0 keeps etcd's default:
+	// off. The range service's compactor (internal/etcdspace) also
+	// compacts; both only remove superseded revisions.
+	AutoCompactionRetention time.Duration
 	// UnsafeNoFsync disables fsync. Only for tests that never simulate a
 	// machine crash (process restarts are still durable via the page cache).
 	UnsafeNoFsync bool
@@ -129,6 +137,12 @@ func (c Config) Validate() error {
 	}
 	if (c.TickMs == 0) != (c.ElectionMs == 0) {
 		return errors.New("embedetcd: set both Config.TickMs and Config.ElectionMs, or neither")
+	}
+	if c.QuotaBackendBytes < 0 {
+		return errors.Newf("embedetcd: Config.QuotaBackendBytes %d is negative", c.QuotaBackendBytes)
+	}
+	if c.AutoCompactionRetention < 0 {
+		return errors.Newf("embedetcd: Config.AutoCompactionRetention %v is negative", c.AutoCompactionRetention)
 	}
 	if c.TickMs != 0 && c.ElectionMs < 5*c.TickMs {
 		return errors.Newf("embedetcd: Config.ElectionMs %d must be >= 5*TickMs (%d)", c.ElectionMs, 5*c.TickMs)
@@ -229,6 +243,10 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	if s.cfg.QuotaBackendBytes != 0 {
 		ec.QuotaBackendBytes = s.cfg.QuotaBackendBytes
+	}
+	if s.cfg.AutoCompactionRetention > 0 {
+		ec.AutoCompactionMode = embed.CompactorModePeriodic
+		ec.AutoCompactionRetention = s.cfg.AutoCompactionRetention.String()
 	}
 	ec.UnsafeNoFsync = s.cfg.UnsafeNoFsync
 	ec.LogLevel = s.cfg.LogLevel

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"github.com/idrange/idrange/internal/embedetcd"
@@ -97,5 +99,47 @@ func TestStartOnAFileFails(t *testing.T) {
 	}
 	if _, err := embedetcd.Start(context.Background(), embedetcd.Config{Dir: f}); err == nil || !strings.Contains(err.Error(), f) {
 		t.Fatalf("Start on a regular file: %v, want an error naming it", err)
+	}
+}
+
+// The quota and etcd's own periodic compaction reach the member: it reports
+// the quota, and history older than the retention becomes unreadable while
+// the current value stays.
+func TestQuotaAndAutoCompaction(t *testing.T) {
+	const quota = 64 << 20
+	s := embedetcdtest.StartConfig(t, embedetcd.Config{QuotaBackendBytes: quota, AutoCompactionRetention: time.Second})
+	cli := embedetcdtest.Client(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	st, err := cli.Status(ctx, s.Endpoints()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.DbSizeQuota != quota {
+		t.Fatalf("member reports quota %d, want %d", st.DbSizeQuota, quota)
+	}
+	first, err := cli.Put(ctx, "/k", "v0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for i := 1; ; i++ {
+		if _, err := cli.Put(ctx, "/k", "v"+strings.Repeat("x", i%10)); err != nil {
+			t.Fatal(err)
+		}
+		_, err := cli.Get(ctx, "/k", clientv3.WithRev(first.Header.Revision))
+		if errors.Is(err, rpctypes.ErrCompacted) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("revision %d still readable after 30 s with a 1 s auto-compaction retention", first.Header.Revision)
+		}
+		time.Sleep(50 * time.Millisecond) // write pace, not synchronisation
+	}
+	if got, err := cli.Get(ctx, "/k"); err != nil || len(got.Kvs) != 1 {
+		t.Fatalf("current value after compaction: %v, %v", got, err)
 	}
 }

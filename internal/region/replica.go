@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 
 	"github.com/idrange/idrange/internal/admin"
 	"github.com/idrange/idrange/internal/clock"
+	"github.com/idrange/idrange/internal/etcdspace"
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/segment/etcdstore"
@@ -68,6 +70,25 @@ type ReplicaConfig struct {
 	// Logger receives store and service logs. Default: discard.
 	Logger *slog.Logger
 
+	// CompactionInterval is how often this replica compacts etcd's history
+	// while it holds the compactor key (<Prefix>compactor; one replica of
+	// all that share the etcd cluster and prefix at a time). 0: the replica
+	// does not compact (the default here, so in-process regions keep their
+	// history; `rangesvc serve` defaults to
+	// etcdspace.DefaultCompactionInterval).
+	CompactionInterval time.Duration
+	// CompactionRetention is how much history a compaction keeps. Default
+	// etcdspace.DefaultCompactionRetention.
+	CompactionRetention time.Duration
+	// EtcdQuotaBytes is the backend quota the etcd cluster runs with,
+	// exported as idrange_etcd_quota_bytes when the members do not report
+	// it. Default etcdspace.DefaultQuotaBytes.
+	EtcdQuotaBytes int64
+	// SpaceCheckInterval is how often the replica reads etcd's backend size
+	// and alarms; while the NOSPACE alarm is raised the replica reports
+	// NOT_SERVING. Default etcdspace.DefaultMonitorInterval; negative: off.
+	SpaceCheckInterval time.Duration
+
 	// txns, if set, counts the write Txns the store sends to etcd (Region's
 	// Counts.Txns).
 	txns *atomic.Uint64
@@ -84,6 +105,8 @@ type Replica struct {
 	registry *prometheus.Registry
 	srv      *grpc.Server
 	minter   *service.LazyMinter
+	space    *etcdspace.Monitor   // nil when SpaceCheckInterval < 0
+	compact  *etcdspace.Compactor // nil when CompactionInterval == 0
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -113,6 +136,9 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 	r := &Replica{cfg: cfg, registry: cfg.Registry}
 	var err error
 	if r.metrics, err = service.NewMetrics(cfg.Registry, cfg.Clock); err != nil {
+		return nil, err
+	}
+	if err := r.openSpace(); err != nil {
 		return nil, err
 	}
 	if r.store, err = openStore(cfg, r.metrics); err != nil {
@@ -153,6 +179,31 @@ func registerAdmin(r *Replica) error {
 		return err
 	}
 	adm.Register(r.srv)
+	return nil
+}
+
+// openSpace builds the etcd space monitor and the history compactor.
+func (r *Replica) openSpace() error {
+	cfg := r.cfg
+	var err error
+	if cfg.SpaceCheckInterval >= 0 {
+		r.space, err = etcdspace.NewMonitor(etcdspace.MonitorConfig{
+			Etcd: cfg.Etcd, Interval: cfg.SpaceCheckInterval, QuotaBytes: cfg.EtcdQuotaBytes,
+			Timeout: cfg.EtcdTimeout, Registerer: cfg.Registry, Logger: cfg.Logger,
+		})
+		if err != nil {
+			return err
+		}
+	}
+	if cfg.CompactionInterval > 0 {
+		r.compact, err = etcdspace.NewCompactor(etcdspace.CompactorConfig{
+			Etcd: cfg.Etcd, Key: cfg.Prefix + "compactor", Interval: cfg.CompactionInterval,
+			Retention: cfg.CompactionRetention, Registerer: cfg.Registry, Logger: cfg.Logger,
+		})
+		if err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -216,7 +267,15 @@ func (r *Replica) serviceConfig() service.Config {
 		MaxBlock:      int(st.Policy().MaxBlock),
 		RollbackBound: cfg.RollbackBound,
 		StoreCheck: func(ctx context.Context) error {
-			return ProbeEtcd(ctx, cfg.Etcd, cfg.Prefix, cfg.EtcdTimeout)
+			if err := ProbeEtcd(ctx, cfg.Etcd, cfg.Prefix, cfg.EtcdTimeout); err != nil {
+				return err
+			}
+			if r.space != nil {
+				// etcd answers reads under NOSPACE but refuses every
+				// write, so no grant can commit: not serving.
+				return r.space.Err()
+			}
+			return nil
 		},
 		StoreCheckTimeout: cfg.EtcdTimeout,
 		FreeCodes:         func(ctx context.Context) (int, error) { return st.FreeCodes(ctx, cfg.Region) },
@@ -250,14 +309,24 @@ func (r *Replica) Serve(lis net.Listener) <-chan error {
 	}()
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel, r.done = cancel, make(chan struct{})
-	go func() { r.svc.Run(ctx); close(r.done) }()
+	var wg sync.WaitGroup
+	if r.space != nil {
+		wg.Go(func() { r.space.Run(ctx) })
+	}
+	if r.compact != nil {
+		wg.Go(func() { r.compact.Run(ctx) })
+	}
+	wg.Go(func() { r.svc.Run(ctx) })
+	go func() { wg.Wait(); close(r.done) }()
 	return errc
 }
 
 // Stop reports NOT_SERVING, stops accepting RPCs and lets in-flight ones
 // finish for up to grace (grace <= 0 closes them at once, as a crash
-// would), stops the background checks, and closes the Next minter (which
-// gives its lease back). The store and the etcd client stay usable.
+// would), stops the background checks and the compactor (which gives the
+// compactor key up, so another replica takes over at once), and closes the
+// Next minter (which gives its lease back). The store and the etcd client
+// stay usable.
 func (r *Replica) Stop(grace time.Duration) {
 	r.svc.Shutdown()
 	if grace <= 0 {
@@ -289,6 +358,14 @@ func (r *Replica) Store() *segment.Store { return r.store }
 
 // Service is the replica's gRPC service.
 func (r *Replica) Service() *service.Service { return r.svc }
+
+// Compactor is the replica's etcd history compactor (nil when
+// CompactionInterval is 0).
+func (r *Replica) Compactor() *etcdspace.Compactor { return r.compact }
+
+// SpaceMonitor is the replica's etcd space monitor (nil when
+// SpaceCheckInterval < 0).
+func (r *Replica) SpaceMonitor() *etcdspace.Monitor { return r.space }
 
 // Registry holds the replica's metrics.
 func (r *Replica) Registry() *prometheus.Registry { return r.registry }
