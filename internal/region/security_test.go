@@ -151,10 +151,13 @@ func TestMutualTLS(t *testing.T) {
 			msg   string
 		}{
 			// Refused at the TLS handshake: the client sees its connection
-			// fail (Unavailable), never an answer.
+			// fail (Unavailable), never an answer. The message depends on
+			// when the server's alert arrives ("certificate required",
+			// "unknown certificate authority" or a broken pipe), so only
+			// the code is checked.
 			{"plaintext", insecure.NewCredentials(), codes.Unavailable, ""},
-			{"no client certificate", credentials.NewTLS(noCert), codes.Unavailable, "certificate required"},
-			{"certificate of another CA", credentials.NewTLS(s.forcedTLS(t, other, testpki.Identity{CN: "minter-x"})), codes.Unavailable, "unknown certificate authority"},
+			{"no client certificate", credentials.NewTLS(noCert), codes.Unavailable, ""},
+			{"certificate of another CA", credentials.NewTLS(s.forcedTLS(t, other, testpki.Identity{CN: "minter-x"})), codes.Unavailable, ""},
 			// Verified, but not allowed.
 			{"identity not allowed", credentials.NewTLS(s.clientTLS(t, s.ca, testpki.Identity{CN: "stranger", DNS: "stranger.test"})), codes.PermissionDenied, `"dns:stranger.test"`},
 		} {
