@@ -142,7 +142,6 @@ func Open(ctx context.Context, o Options) (*clientv3.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg.Context = ctx
 	cli, err := clientv3.New(cfg) // with a user, this authenticates
 	if err != nil {
 		return nil, fmt.Errorf("etcd %s: %s", strings.Join(o.Endpoints, ","), explain(ctx, err, cfg.DialTimeout))
