@@ -78,6 +78,11 @@ func startSecureEtcd(t *testing.T) *secureEtcd {
 	ec.ClientTLSInfo.CertFile, ec.ClientTLSInfo.KeyFile = srvFiles.Cert, srvFiles.Key
 	ec.ClientTLSInfo.TrustedCAFile, ec.ClientTLSInfo.ClientCertAuth = s.caFile, true
 	ec.AuthToken, ec.AuthTokenTTL = "simple", uint(tokenTTL/time.Second)
+	// The cheapest password hashing: this etcd runs inside the test binary,
+	// under the race detector too, where bcrypt's default cost takes
+	// seconds per authentication and would time out the re-authentications
+	// this test is about.
+	ec.BcryptCost = 4
 	ec.LogLevel = "error"
 	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	e, err := embed.StartEtcd(ec)
