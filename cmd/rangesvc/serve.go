@@ -52,6 +52,8 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	ml = cfg.Security.metricsListener(ml)
+	cfg.Security.logMode(log)
 	hs := metricsServer(reg, rep.Service())
 	errc := make(chan error, 2)
 	grpcErr := rep.Serve(gl)
@@ -79,7 +81,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 
 // replicaConfig is the replica `rangesvc serve` runs, from its flags.
 func (c serveConfig) replicaConfig(cli *clientv3.Client, clk clock.Clock, reg *prometheus.Registry, log *slog.Logger) region.ReplicaConfig {
-	return region.ReplicaConfig{
+	rc := region.ReplicaConfig{
 		Region:        c.Region,
 		Etcd:          cli,
 		Prefix:        c.KeyPrefix,
@@ -91,6 +93,8 @@ func (c serveConfig) replicaConfig(cli *clientv3.Client, clk clock.Clock, reg *p
 		Next:          nextMinter(serveNextOwner(), log.With("component", "next-minter")),
 		Logger:        log,
 	}
+	c.Security.applyReplica(&rc)
+	return rc
 }
 
 // waitForEnd blocks until ctx ends (a signal), a server fails or the
@@ -175,13 +179,8 @@ func openEtcd(ctx context.Context, cfg serveConfig, log *slog.Logger) (_ *serveE
 		}
 		log.Info("embedded etcd ready", "endpoints", strings.Join(e.emb.Endpoints(), ","))
 	} else {
-		e.cli, err = clientv3.New(clientv3.Config{
-			Endpoints:   cfg.Etcd,
-			DialTimeout: cfg.EtcdTimeout,
-			Logger:      zap.NewNop(),
-		})
-		if err != nil {
-			return nil, errors.Wrapf(err, "etcd client for %v", cfg.Etcd)
+		if e.cli, err = cfg.Security.openEtcd(ctx, cfg.Etcd, cfg.EtcdTimeout, cfg.KeyPrefix); err != nil {
+			return nil, err
 		}
 	}
 	if err := region.ProbeEtcd(ctx, e.cli, cfg.KeyPrefix, cfg.EtcdTimeout); err != nil {

@@ -79,6 +79,8 @@ type serveConfig struct {
 	// Faults are the test-only fault flags; empty, and no flags, unless
 	// built with -tags idrange_faults (faults_on.go).
 	Faults faultConfig
+	// Security are the TLS, identity and etcd security flags (tls_flags.go).
+	Security securityFlags
 }
 
 // parseServeFlags maps args 1:1 onto a validated serveConfig.
@@ -114,6 +116,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", defaultShutdown, "graceful shutdown bound")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
 	c.Faults.register(fs)
+	c.Security.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: rangesvc serve --region N [--listen ADDR] [--metrics ADDR] [--data-dir DIR | --etcd EPS] [flags]")
 		fs.PrintDefaults()
@@ -186,7 +189,7 @@ func (c serveConfig) Validate() error {
 	if err := c.storeConfig().Validate(); err != nil {
 		return fmt.Errorf("store settings (--lease-ttl, --max-block, --max-lead): %w", err)
 	}
-	return nil
+	return c.Security.validate(c.Listen, c.Metrics, len(c.Etcd) > 0)
 }
 
 func parseLogLevel(s string) (slog.Level, error) {
