@@ -107,7 +107,8 @@ func (c *Client) learnRegion(ctx context.Context) error {
 			c.log.Info("rangeclient: the service cannot tell its region (older rangesvc); using Config.Region",
 				"region", c.cfg.Region, "err", err)
 			return true, nil
-		case errors.Is(err, segment.ErrInvalid) || errors.Is(err, segment.ErrCorrupt) || errors.Is(err, wire.ErrProtocol):
+		case errors.Is(err, segment.ErrInvalid) || errors.Is(err, segment.ErrCorrupt) || errors.Is(err, wire.ErrProtocol) ||
+			errors.Is(err, segment.ErrPermissionDenied):
 			return true, fmt.Errorf("rangeclient: ask the service for its region: %w", err)
 		}
 		return false, err
