@@ -139,7 +139,11 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 	if cfg.Next != nil {
 		st, region, open := r.store, cfg.Region, cfg.Next
 		r.minter = service.NewLazyMinter(func(ctx context.Context) (service.MinterCloser, error) {
-			return open(ctx, st, region)
+			// The first Next call opens the minter with its context, which
+			// under mutual TLS carries that caller's identity. The minter's
+			// lease is the replica's own (renewed from its background loop,
+			// without any caller), so it is taken without an identity.
+			return open(segment.WithIdentity(ctx, ""), st, region)
 		})
 	}
 	r.svc, err = service.New(r.serviceConfig())

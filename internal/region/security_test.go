@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -16,13 +17,16 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/authz"
 	"github.com/idrange/idrange/internal/region"
 	"github.com/idrange/idrange/internal/region/regiontest"
+	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/internal/testpki"
 	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
 	"github.com/idrange/idrange/tlsfiles"
 )
 
@@ -343,4 +347,51 @@ func TestMutualTLS(t *testing.T) {
 			t.Fatalf("established client made %d grants after rotation, want 3", cl.Stats().Refills-before)
 		}
 	})
+}
+
+// identityMinter records the caller identity its NextFunc was opened with.
+type identityMinter struct{ opened chan string }
+
+func (m identityMinter) open(ctx context.Context, _ segment.Allocator, _ int) (service.MinterCloser, error) {
+	m.opened <- segment.IdentityFrom(ctx)
+	return fixedMinter{}, nil
+}
+
+type fixedMinter struct{}
+
+func (fixedMinter) Next(context.Context) (snowflake.ID, error) { return 1, nil }
+func (fixedMinter) Close() error                               { return nil }
+
+// The replica's own Next minter takes its lease as the replica, not as the
+// mTLS caller whose Next call happened to open it: its renewals come from
+// its background loop, with no caller, and would be refused otherwise.
+func TestNextMinterLeaseHasNoCallerIdentity(t *testing.T) {
+	s := startSecureRegion(t)
+	tc, err := tlsfiles.Files{Cert: s.srv.Cert, Key: s.srv.Key, CA: s.caFile}.ServerConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := identityMinter{opened: make(chan string, 1)}
+	rep, err := region.NewReplica(region.ReplicaConfig{Region: 1, Etcd: s.r.Client(), TLS: tc, Next: m.open})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep.Serve(lis)
+	defer rep.Stop(0)
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(
+		credentials.NewTLS(s.clientTLS(t, s.ca, testpki.Identity{CN: "minter-next"}))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	if _, err := idrangev1.NewRangeServiceClient(cc).Next(ctxT(t), &idrangev1.NextRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if id := <-m.opened; id != "" {
+		t.Fatalf("the Next minter was opened with caller identity %q; want none", id)
+	}
 }
