@@ -3,6 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -142,6 +146,28 @@ func TestServeMintOverMutualTLS(t *testing.T) {
 	}})
 	if !strings.Contains(srv.Stderr(), "serving mutual TLS") {
 		t.Fatalf("the log does not say how the port is secured:\n%s", srv.Stderr())
+	}
+	// The metrics/health port serves HTTPS with the same certificate.
+	pool := x509.NewCertPool()
+	caPEM, err := os.ReadFile(p.ca)
+	if err != nil || !pool.AppendCertsFromPEM(caPEM) {
+		t.Fatalf("CA file: %v", err)
+	}
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	resp, err := hc.Get("https://" + srv.MetricsAddr + "/healthz")
+	if err != nil {
+		t.Fatalf("healthz over HTTPS: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || strings.TrimSpace(string(body)) != "SERVING" {
+		t.Fatalf("healthz over HTTPS: %d %q", resp.StatusCode, body)
+	}
+	if resp, err := http.Get("http://" + srv.MetricsAddr + "/healthz"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			t.Fatal("the metrics port answered plain HTTP")
+		}
 	}
 	client := func(cn string) []string {
 		return []string{"--target", srv.GRPCAddr, "-n", "1000", "--timeout", "5s",
