@@ -198,3 +198,30 @@ func TestBadFiles(t *testing.T) {
 		})
 	}
 }
+
+// A client's certificate is re-read too: after the files change, the next
+// handshake presents the new one.
+func TestClientCertificateRotation(t *testing.T) {
+	p := newPKI(t)
+	srvCfg, err := tlsfiles.Files{Cert: p.srv.Cert, Key: p.srv.Key, CA: p.caFile}.ServerConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cliCfg, err := tlsfiles.Files{Cert: p.cli.Cert, Key: p.cli.Key, CA: p.caFile, ServerName: "localhost"}.ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, cn, err := handshake(t, srvCfg, cliCfg); err != nil || cn != "client a" {
+		t.Fatalf("before rotation: client %q, %v", cn, err)
+	}
+	next, err := p.ca.Client(testpki.Identity{CN: "client a, renewed"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := next.WriteFiles(p.dir, "client"); err != nil {
+		t.Fatal(err)
+	}
+	if _, cn, err := handshake(t, srvCfg, cliCfg); err != nil || cn != "client a, renewed" {
+		t.Fatalf("after rotation: client %q, %v", cn, err)
+	}
+}
