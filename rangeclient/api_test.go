@@ -2,6 +2,7 @@ package rangeclient
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math"
@@ -36,6 +37,7 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{"Config.Targets", func(c *Config) { c.Allocator = nil }},
 		{"mutually exclusive", func(c *Config) { c.Targets = []string{"127.0.0.1:1"} }},
+		{"Config.TLS", func(c *Config) { c.TLS = &tls.Config{} }}, // TLS is for Targets, not an in-process Allocator
 		{"Config.Targets[0]", func(c *Config) { c.Allocator, c.Targets = nil, []string{"nohost"} }},
 		{"Config.Targets[1]", func(c *Config) { c.Allocator, c.Targets = nil, []string{"a:1", "b:99999"} }},
 		{"Config.Targets[1]", func(c *Config) { c.Allocator, c.Targets = nil, []string{"a:1", "dns:///b:2"} }},

@@ -185,7 +185,8 @@ func (c *Client) firstLease(ctx context.Context) (l *leaseState, err error) {
 		var err error
 		l, err = c.acquire(ctx)
 		final := err == nil || errors.Is(err, ErrInvalidConfig) || errors.Is(err, segment.ErrInvalid) ||
-			errors.Is(err, segment.ErrCorrupt) || errors.Is(err, segment.ErrEpochExhausted) || errors.Is(err, wire.ErrProtocol)
+			errors.Is(err, segment.ErrCorrupt) || errors.Is(err, segment.ErrEpochExhausted) || errors.Is(err, wire.ErrProtocol) ||
+			errors.Is(err, segment.ErrPermissionDenied)
 		return final, err
 	})
 	return l, err

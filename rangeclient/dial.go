@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -20,11 +21,16 @@ import (
 	"github.com/idrange/idrange/segment"
 )
 
-// dialOptions are the client's gRPC options: insecure transport (override
-// with Config.DialOptions), reconnects with exponential backoff.
+// dialOptions are the client's gRPC options: TLS with Config.TLS, plaintext
+// only when it is nil; reconnects with exponential backoff; then
+// Config.DialOptions, which win.
 func dialOptions(cfg Config) []grpc.DialOption {
+	creds := insecure.NewCredentials()
+	if cfg.TLS != nil {
+		creds = credentials.NewTLS(cfg.TLS) // clones cfg.TLS
+	}
 	opts := []grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff: grpcbackoff.Config{
 				BaseDelay:  cfg.BackoffBase,
@@ -101,7 +107,8 @@ func (c *Client) learnRegion(ctx context.Context) error {
 			c.log.Info("rangeclient: the service cannot tell its region (older rangesvc); using Config.Region",
 				"region", c.cfg.Region, "err", err)
 			return true, nil
-		case errors.Is(err, segment.ErrInvalid) || errors.Is(err, segment.ErrCorrupt) || errors.Is(err, wire.ErrProtocol):
+		case errors.Is(err, segment.ErrInvalid) || errors.Is(err, segment.ErrCorrupt) || errors.Is(err, wire.ErrProtocol) ||
+			errors.Is(err, segment.ErrPermissionDenied):
 			return true, fmt.Errorf("rangeclient: ask the service for its region: %w", err)
 		}
 		return false, err

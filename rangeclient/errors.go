@@ -129,5 +129,6 @@ func isFencedReply(err error) bool {
 // waiting out their deadline. The refill loop still retries (with backoff),
 // so an operator's repair is picked up without a restart.
 func isFinalRefillError(err error) bool {
-	return errors.Is(err, segment.ErrEpochExhausted) || errors.Is(err, segment.ErrInvalid) || errors.Is(err, segment.ErrCorrupt)
+	return errors.Is(err, segment.ErrEpochExhausted) || errors.Is(err, segment.ErrInvalid) || errors.Is(err, segment.ErrCorrupt) ||
+		errors.Is(err, segment.ErrPermissionDenied)
 }

@@ -3,7 +3,6 @@ package segment
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -22,6 +21,10 @@ const hwmPrefix = "v1:"
 
 // MaxOwnerLen bounds the free-text owner of a lease (bytes of UTF-8).
 const MaxOwnerLen = 256
+
+// MaxIdentityLen bounds a caller identity (bytes of UTF-8), see
+// WithIdentity.
+const MaxIdentityLen = 1024
 
 // EncodeHighWater is the stored form of a high-water mark: "v1:<decimal>".
 func EncodeHighWater(hwm int64) string {
@@ -54,17 +57,37 @@ func DecodeHighWater(b []byte) (int64, error) {
 // OwnerRecord is the value of a lease key: who holds the code and under
 // which etcd lease. Region and Worker repeat the key so a value copied to the
 // wrong key is detected.
+//
+// Two versions exist. Version 1 has no Identity: a lease taken without a
+// verified caller identity (no mutual TLS), byte for byte what releases
+// before identities wrote. Version 2 is a lease bound to Identity (non-empty),
+// the verified identity of the caller that acquired it; only that identity
+// may renew, release or allocate on it. A release that only knows version 1
+// reads a version 2 record as corrupt, so enable mutual TLS only once every
+// replica of the region runs a release that knows version 2.
 type OwnerRecord struct {
 	Version        int    `json:"v"`
 	Region         int    `json:"region"`
 	Worker         int    `json:"worker"`
 	LeaseID        int64  `json:"lease_id"`
 	Owner          string `json:"owner"`
+	Identity       string `json:"identity,omitempty"`
 	AcquiredUnixMs int64  `json:"acquired_unix_ms"`
 }
 
-// ownerRecordVersion is the only OwnerRecord.Version this code writes/reads.
-const ownerRecordVersion = 1
+// Owner record versions: without and with a caller identity.
+const (
+	ownerRecordVersion         = 1
+	ownerRecordIdentityVersion = 2
+)
+
+// recordVersion is the version a record with identity id is written as.
+func recordVersion(id string) int {
+	if id == "" {
+		return ownerRecordVersion
+	}
+	return ownerRecordIdentityVersion
+}
 
 // Encode is the stored form of r (compact JSON, fixed field order).
 func (r OwnerRecord) Encode() string {
@@ -77,8 +100,8 @@ func (r OwnerRecord) Encode() string {
 
 // DecodeOwnerRecord parses a lease key's value strictly: it must be exactly
 // the canonical encoding (re-encoding gives the same bytes, so no unknown,
-// duplicated or re-cased fields, no extra spaces), version 1, with fields in
-// range.
+// duplicated or re-cased fields, no extra spaces), version 1 without an
+// identity or version 2 with one, with fields in range.
 func DecodeOwnerRecord(b []byte) (OwnerRecord, error) {
 	var r OwnerRecord
 	dec := json.NewDecoder(bytes.NewReader(b))
@@ -90,8 +113,11 @@ func DecodeOwnerRecord(b []byte) (OwnerRecord, error) {
 		return OwnerRecord{}, fmt.Errorf("owner record %q: not in canonical form: %w", clip(b), ErrCorrupt)
 	}
 	switch {
-	case r.Version != ownerRecordVersion:
-		return OwnerRecord{}, fmt.Errorf("owner record %q: version %d, want %d: %w", clip(b), r.Version, ownerRecordVersion, ErrCorrupt)
+	case r.Version != ownerRecordVersion && r.Version != ownerRecordIdentityVersion:
+		return OwnerRecord{}, fmt.Errorf("owner record %q: version %d, want %d or %d: %w",
+			clip(b), r.Version, ownerRecordVersion, ownerRecordIdentityVersion, ErrCorrupt)
+	case r.Version != recordVersion(r.Identity):
+		return OwnerRecord{}, fmt.Errorf("owner record %q: version %d with identity %q: %w", clip(b), r.Version, r.Identity, ErrCorrupt)
 	case r.Region < 0 || r.Region > snowflake.MaxRegion:
 		return OwnerRecord{}, fmt.Errorf("owner record %q: region %d out of range: %w", clip(b), r.Region, ErrCorrupt)
 	case r.Worker < 0 || r.Worker > snowflake.MaxWorker:
@@ -102,6 +128,9 @@ func DecodeOwnerRecord(b []byte) (OwnerRecord, error) {
 		return OwnerRecord{}, fmt.Errorf("owner record %q: acquired time %d: %w", clip(b), r.AcquiredUnixMs, ErrCorrupt)
 	}
 	if err := checkOwner(r.Owner); err != nil {
+		return OwnerRecord{}, fmt.Errorf("owner record %q: %v: %w", clip(b), err, ErrCorrupt)
+	}
+	if err := checkText("identity", r.Identity, MaxIdentityLen); err != nil {
 		return OwnerRecord{}, fmt.Errorf("owner record %q: %v: %w", clip(b), err, ErrCorrupt)
 	}
 	return r, nil
@@ -119,16 +148,20 @@ func ValidateOwner(s string) error {
 
 // checkOwner is ValidateOwner without a sentinel, so a stored record that
 // breaks the rule can be reported as ErrCorrupt instead.
-func checkOwner(s string) error {
-	if len(s) > MaxOwnerLen {
-		return fmt.Errorf("owner is %d bytes, more than %d", len(s), MaxOwnerLen)
+func checkOwner(s string) error { return checkText("owner", s, MaxOwnerLen) }
+
+// checkText is the rule for text stored in an owner record: printable UTF-8
+// of at most max bytes.
+func checkText(what, s string, max int) error {
+	if len(s) > max {
+		return fmt.Errorf("%s is %d bytes, more than %d", what, len(s), max)
 	}
 	if !utf8.ValidString(s) {
-		return errors.New("owner is not valid UTF-8")
+		return fmt.Errorf("%s is not valid UTF-8", what)
 	}
 	for _, r := range s {
 		if !unicode.IsPrint(r) {
-			return fmt.Errorf("owner contains the non-printable character %U", r)
+			return fmt.Errorf("%s contains the non-printable character %U", what, r)
 		}
 	}
 	return nil

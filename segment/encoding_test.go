@@ -93,6 +93,11 @@ func TestOwnerRecordEncoding(t *testing.T) {
 		mutate(func(r *segment.OwnerRecord) { r.AcquiredUnixMs = 0 }),
 		mutate(func(r *segment.OwnerRecord) { r.Owner = "tab\there" }),
 		mutate(func(r *segment.OwnerRecord) { r.Owner = string(make([]byte, 300)) }),
+		mutate(func(r *segment.OwnerRecord) { r.Identity = "cn:a" }),                   // version 1 with an identity
+		mutate(func(r *segment.OwnerRecord) { r.Version = 2; r.Identity = "cn:\x00" }), // non-printable identity
+		mutate(func(r *segment.OwnerRecord) { r.Version = 3; r.Identity = "cn:a" }),
+		`{"v":2,"region":3,"worker":255,"lease_id":31291,"owner":"x","identity":"","acquired_unix_ms":1767225600000}`,
+		`{"v":2,"region":3,"worker":255,"lease_id":31291,"owner":"x","acquired_unix_ms":1767225600000,"identity":"cn:a"}`,
 	}
 	for _, s := range bad {
 		if rec, err := segment.DecodeOwnerRecord([]byte(s)); !errors.Is(err, segment.ErrCorrupt) {
@@ -118,8 +123,24 @@ func FuzzDecodeOwnerRecord(f *testing.F) {
 		if rec.Encode() != string(b) {
 			t.Fatalf("%q decoded to %+v, which encodes differently", b, rec)
 		}
-		if rec.Version != 1 || rec.Region < 0 || rec.Region > 3 || rec.Worker < 0 || rec.Worker > 255 || rec.LeaseID == 0 {
+		if rec.Version != 1 && rec.Version != 2 || rec.Region < 0 || rec.Region > 3 || rec.Worker < 0 || rec.Worker > 255 || rec.LeaseID == 0 {
 			t.Fatalf("%q decoded to out-of-range %+v", b, rec)
 		}
 	})
+}
+
+// A record without an identity is the version 1 form, byte for byte; one
+// with an identity is version 2 and round-trips.
+func TestOwnerRecordIdentityVersions(t *testing.T) {
+	v1 := validRecord()
+	want := `{"v":1,"region":3,"worker":255,"lease_id":31291,"owner":"host-a/123 \u003cx\u0026y\u003e","acquired_unix_ms":1767225600000}`
+	if got := v1.Encode(); got != want {
+		t.Fatalf("version 1 record encodes as %s, want %s", got, want)
+	}
+	v2 := validRecord()
+	v2.Version, v2.Identity = 2, "uri:spiffe://idrange.test/minter/a"
+	got, err := segment.DecodeOwnerRecord([]byte(v2.Encode()))
+	if err != nil || got != v2 {
+		t.Fatalf("version 2 round trip %+v -> %s -> %+v, %v", v2, v2.Encode(), got, err)
+	}
 }

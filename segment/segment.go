@@ -59,6 +59,14 @@ var (
 	ErrUnavailable = errors.New("segment: store unavailable")
 	// ErrEpochExhausted: the block would run past snowflake.MaxTimestamp.
 	ErrEpochExhausted = snowflake.ErrEpochExhausted
+	// ErrPermissionDenied: the caller's identity (WithIdentity) is not the
+	// one the lease was acquired by. Nothing was changed. Final for that
+	// caller and lease.
+	ErrPermissionDenied = errors.New("segment: permission denied: the lease belongs to another identity")
+	// ErrCodeCap: the caller's identity already holds
+	// StoreConfig.MaxCodesPerIdentity worker codes of the region. Retryable
+	// once one of them is released or expires.
+	ErrCodeCap = errors.New("segment: identity holds its cap of worker codes")
 )
 
 // Backpressure carries the delay after which a refused grant may succeed.

@@ -2,6 +2,7 @@ package segment
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -24,6 +25,10 @@ const (
 	// races, yields to a contending replica) one Allocate retries before
 	// giving up with ErrUnavailable.
 	DefaultMaxConflicts = 64
+	// DefaultMaxCodesPerIdentity is how many worker codes of a region one
+	// caller identity may hold at once (a quarter of the region), so one
+	// misbehaving client cannot take every code.
+	DefaultMaxCodesPerIdentity = 64
 )
 
 // StoreConfig configures a Store. Zero fields take the documented defaults.
@@ -46,6 +51,11 @@ type StoreConfig struct {
 	// MaxConflicts bounds failed grant transactions per Allocate. Default
 	// DefaultMaxConflicts.
 	MaxConflicts int
+	// MaxCodesPerIdentity is how many codes of a region one caller identity
+	// (WithIdentity) may hold at once, 1..256; Acquire past it fails with
+	// ErrCodeCap. Callers without an identity are not capped. Default
+	// DefaultMaxCodesPerIdentity.
+	MaxCodesPerIdentity int
 	// Logger receives warnings (corrupt values, failed clean-ups). Default:
 	// discard.
 	Logger *slog.Logger
@@ -70,6 +80,9 @@ func (c StoreConfig) withDefaults() StoreConfig {
 	if c.MaxConflicts == 0 {
 		c.MaxConflicts = DefaultMaxConflicts
 	}
+	if c.MaxCodesPerIdentity == 0 {
+		c.MaxCodesPerIdentity = DefaultMaxCodesPerIdentity
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -91,6 +104,8 @@ func (c StoreConfig) Validate() error {
 		return fmt.Errorf("store OpTimeout %v is negative: %w", c.OpTimeout, ErrInvalid)
 	case c.MaxConflicts < 1:
 		return fmt.Errorf("store MaxConflicts %d must be >= 1: %w", c.MaxConflicts, ErrInvalid)
+	case c.MaxCodesPerIdentity < 1 || c.MaxCodesPerIdentity > snowflake.MaxWorker+1:
+		return fmt.Errorf("store MaxCodesPerIdentity %d not in 1..%d: %w", c.MaxCodesPerIdentity, snowflake.MaxWorker+1, ErrInvalid)
 	}
 	return c.Policy.Validate()
 }
@@ -216,6 +231,11 @@ func validRegion(region int) error {
 // token is the revision that created the entry. With every code leased (or
 // unusable because its HWM is corrupt) it returns an error wrapping
 // ErrNoFreeCode (retryable) and revokes the unused lease.
+//
+// With a caller identity in ctx (WithIdentity) the lease is bound to it
+// (owner record version 2), and an identity that already holds
+// MaxCodesPerIdentity codes gets ErrCodeCap (see keepUnderCap for how the
+// cap holds against concurrent acquisitions on any replica).
 func (s *Store) Acquire(ctx context.Context, region int, owner string) (Lease, error) {
 	l, err := s.acquire(ctx, region, owner)
 	if err != nil {
@@ -234,6 +254,22 @@ func (s *Store) acquire(ctx context.Context, region int, owner string) (Lease, e
 	}
 	if err := ValidateOwner(owner); err != nil {
 		return Lease{}, err
+	}
+	identity := IdentityFrom(ctx)
+	if err := ValidateIdentity(identity); err != nil {
+		return Lease{}, err
+	}
+	if identity != "" {
+		// Refuse early, without a lease, when the cap is already reached.
+		octx, cancel := s.opCtx(ctx)
+		rv, err := s.stg.Scan(octx, region)
+		cancel()
+		if err != nil {
+			return Lease{}, unavailable(err, "region %d: list codes", region)
+		}
+		if held := len(identityTokens(rv, identity)); held >= s.cfg.MaxCodesPerIdentity {
+			return Lease{}, s.capErr(region, identity, held)
+		}
 	}
 	octx, cancel := s.opCtx(ctx)
 	leaseID, ttl, err := s.stg.Grant(octx, s.cfg.LeaseTTL)
@@ -266,8 +302,8 @@ func (s *Store) acquire(ctx context.Context, region int, owner string) (Lease, e
 				continue
 			}
 			rec := OwnerRecord{
-				Version: ownerRecordVersion, Region: region, Worker: w,
-				LeaseID: leaseID, Owner: owner, AcquiredUnixMs: max(time.Now().UnixMilli(), 1),
+				Version: recordVersion(identity), Region: region, Worker: w, LeaseID: leaseID,
+				Owner: owner, Identity: identity, AcquiredUnixMs: max(time.Now().UnixMilli(), 1),
 			}
 			octx, cancel := s.opCtx(ctx)
 			token, ok, err := s.stg.CreateOwner(octx, region, w, hwmRev, []byte(rec.Encode()), leaseID)
@@ -280,12 +316,68 @@ func (s *Store) acquire(ctx context.Context, region int, owner string) (Lease, e
 			if !ok {
 				continue // taken (or its HWM changed) since the snapshot
 			}
+			if identity != "" {
+				// Over the cap: the deferred revoke deletes the new entry.
+				if err := s.keepUnderCap(ctx, region, identity, token); err != nil {
+					return Lease{}, err
+				}
+			}
 			keep = true
 			s.forget(region, w)
 			return Lease{Region: region, Worker: w, Token: token, LeaseID: leaseID, TTL: ttl}, nil
 		}
 	}
 	return Lease{}, fmt.Errorf("region %d: every free code was taken by a concurrent acquire: %w", region, ErrNoFreeCode)
+}
+
+// keepUnderCap decides, after Acquire created the owner entry of token for
+// identity, whether the identity may keep it: it re-reads the region and
+// keeps the code only if token is among the MaxCodesPerIdentity smallest
+// tokens the identity holds. Tokens are the revisions that created the
+// entries, so the rule is the same on every replica: of several concurrent
+// acquisitions by one identity, the later ones (larger tokens) give their
+// code back. Each kept code saw every live code of its identity created
+// before it (its read came after its own creation), so at most
+// MaxCodesPerIdentity codes are ever held at once, however many replicas
+// acquire for the identity concurrently. The price is that concurrent
+// acquirers near the cap may all be refused (each counts codes the others
+// are about to give back); ErrCodeCap is retryable.
+func (s *Store) keepUnderCap(ctx context.Context, region int, identity string, token int64) error {
+	octx, cancel := s.opCtx(ctx)
+	rv, err := s.stg.Scan(octx, region)
+	cancel()
+	if err != nil {
+		return unavailable(err, "region %d: count the codes of identity %q", region, identity)
+	}
+	toks := identityTokens(rv, identity)
+	smaller := 0
+	for _, t := range toks {
+		if t < token {
+			smaller++
+		}
+	}
+	if smaller >= s.cfg.MaxCodesPerIdentity {
+		return s.capErr(region, identity, len(toks)-1)
+	}
+	return nil
+}
+
+func (s *Store) capErr(region int, identity string, held int) error {
+	return fmt.Errorf("region %d: identity %q holds %d codes; the cap is %d (--max-codes-per-identity): %w",
+		region, identity, held, s.cfg.MaxCodesPerIdentity, ErrCodeCap)
+}
+
+// identityTokens returns the tokens of the codes of rv whose owner record
+// names identity. Records that do not decode are left out (Acquire does not
+// hand out such codes; List reports them).
+func identityTokens(rv RegionView, identity string) []int64 {
+	var toks []int64
+	for _, e := range rv.Owners {
+		if rec, err := DecodeOwnerRecord(e.Value); err == nil && rec.Identity == identity {
+			toks = append(toks, e.CreateRevision)
+		}
+	}
+	return toks
 }
 
 func (s *Store) revoke(ctx context.Context, id int64) {
@@ -353,8 +445,11 @@ func (s *Store) FreeCodes(ctx context.Context, region int) (int, error) {
 
 // LeaseInfo describes one live lease, as List reports it.
 type LeaseInfo struct {
-	Lease    // TTL is zero: List does not ask the storage for remaining TTLs
-	Owner    string
+	Lease // TTL is zero: List does not ask the storage for remaining TTLs
+	Owner string
+	// Identity is the verified identity the lease is bound to ("" if it
+	// was acquired without one).
+	Identity string
 	Acquired time.Time
 	// Err is non-nil (wrapping ErrCorrupt) if the owner record does not
 	// decode; the other fields then hold only what the entry itself says.
@@ -392,6 +487,7 @@ func (s *Store) leaseInfo(e *Entry, region, worker int) LeaseInfo {
 		info.Err = err
 	} else {
 		info.Owner = rec.Owner
+		info.Identity = rec.Identity
 		info.Acquired = time.UnixMilli(rec.AcquiredUnixMs)
 	}
 	return info
@@ -439,11 +535,22 @@ func (s *Store) HighWater(ctx context.Context, region, worker int) (int64, error
 	return hwm, nil
 }
 
-// fence decides whether l owns its code in view v: nil if it does;
-// otherwise ErrLeaseLost (no owner: expired or released), ErrFenced
-// (another token owns the code), ErrInvalid (a token never issued, or a
-// lease_id that is not the one the owner is attached to) or ErrCorrupt.
-func (s *Store) fence(l Lease, v CodeView) error {
+// fence decides whether l owns its code in view v and the caller (identity)
+// may act on it: nil if so; otherwise ErrLeaseLost (no owner: expired or
+// released), ErrFenced (another token owns the code), ErrInvalid (a token
+// never issued, or a lease_id that is not the one the owner is attached
+// to), ErrCorrupt, or ErrPermissionDenied (the lease is bound to another
+// identity).
+//
+// The identity is checked against the owner record whose CreateRevision is
+// l.Token. That record is immutable: nothing rewrites an owner entry, and a
+// new owner is a new entry with a new CreateRevision. Every write that
+// follows a fence is conditional on that same token (the grant compares the
+// owner's CreateRevision and ModRevision, Release deletes only the entry
+// created at l.Token, Renew keeps alive only the lease that record is
+// attached to, which no other record can be), so no other owner can slip in
+// between the check and the act: there is no read-then-act race.
+func (s *Store) fence(l Lease, v CodeView, identity string) error {
 	e := v.Owner
 	if l.Token > v.Rev {
 		return fmt.Errorf("token %d was never issued (store revision is %d): %w", l.Token, v.Rev, ErrInvalid)
@@ -456,11 +563,16 @@ func (s *Store) fence(l Lease, v CodeView) error {
 		return fmt.Errorf("region %d worker %d: token %d, but the code is owned by token %d: %w",
 			l.Region, l.Worker, l.Token, e.CreateRevision, ErrFenced)
 	}
-	if _, err := s.checkRecord(e, l.Region, l.Worker); err != nil {
+	rec, err := s.checkRecord(e, l.Region, l.Worker)
+	if err != nil {
 		return err
 	}
 	if e.Lease != l.LeaseID {
 		return fmt.Errorf("lease_id %x is not the code's lease: %w", l.LeaseID, ErrInvalid)
+	}
+	if rec.Identity != identity {
+		return fmt.Errorf("region %d worker %d token %d: caller identity %q did not acquire this lease: %w",
+			l.Region, l.Worker, l.Token, identity, ErrPermissionDenied)
 	}
 	return nil
 }
@@ -484,7 +596,7 @@ func (s *Store) renew(ctx context.Context, l Lease) (Lease, error) {
 	if err != nil {
 		return Lease{}, err
 	}
-	if err := s.fence(l, v); err != nil {
+	if err := s.fence(l, v, IdentityFrom(ctx)); err != nil {
 		return Lease{}, err
 	}
 	octx, cancel := s.opCtx(ctx)
@@ -500,8 +612,9 @@ func (s *Store) renew(ctx context.Context, l Lease) (Lease, error) {
 	return l, nil
 }
 
-// Release deletes l's owner entry (only if l still owns it) and revokes its
-// storage lease. The code's HWM stays, so the next owner starts above it.
+// Release deletes l's owner entry (only if l still owns it and the caller's
+// identity is the one the lease is bound to) and revokes its storage lease.
+// The code's HWM stays, so the next owner starts above it.
 func (s *Store) Release(ctx context.Context, l Lease) error {
 	err := s.release(ctx, l)
 	if l.Validate() == nil {
@@ -514,6 +627,16 @@ func (s *Store) release(ctx context.Context, l Lease) error {
 	if err := l.Validate(); err != nil {
 		return err
 	}
+	// Check the caller against the record first: the delete below is
+	// conditional on the same token, so it can only delete this record.
+	identity := IdentityFrom(ctx)
+	v, err := s.read(ctx, l.Region, l.Worker)
+	if err != nil {
+		return err
+	}
+	if err := s.fence(l, v, identity); err != nil {
+		return err
+	}
 	octx, cancel := s.opCtx(ctx)
 	ok, fresh, err := s.stg.DeleteOwner(octx, l.Region, l.Worker, l.Token, l.LeaseID)
 	cancel()
@@ -522,7 +645,7 @@ func (s *Store) release(ctx context.Context, l Lease) error {
 	}
 	s.forget(l.Region, l.Worker)
 	if !ok {
-		if err := s.fence(l, fresh); err != nil {
+		if err := s.fence(l, fresh, identity); err != nil {
 			return err
 		}
 		return fmt.Errorf("release region %d worker %d: lease changed concurrently: %w", l.Region, l.Worker, ErrFenced)
@@ -631,6 +754,7 @@ func (s *Store) allocate(ctx context.Context, l Lease, n int) (Block, error) {
 	// A cached view may be stale; it is only trusted as far as the commit's
 	// compares go. A stale view that says "not yours" is re-read before it
 	// is believed.
+	identity := IdentityFrom(ctx)
 	v, fromCache := s.cached(l.Region, l.Worker)
 	needRead := !fromCache
 	for conflicts := 0; ; {
@@ -641,12 +765,14 @@ func (s *Store) allocate(ctx context.Context, l Lease, n int) (Block, error) {
 			}
 			needRead, fromCache = false, false
 		}
-		if err := s.fence(l, v); err != nil {
+		if err := s.fence(l, v, identity); err != nil {
 			if fromCache {
 				needRead = true
 				continue
 			}
-			s.forget(l.Region, l.Worker)
+			if !errors.Is(err, ErrPermissionDenied) { // the view is right, and the owner's
+				s.forget(l.Region, l.Worker)
+			}
 			return Block{}, err
 		}
 		var hwm, hwmRev int64
@@ -701,7 +827,7 @@ func (s *Store) allocate(ctx context.Context, l Lease, n int) (Block, error) {
 		prev := v
 		v = fresh
 		fromCache = false
-		if err := s.fence(l, v); err != nil {
+		if err := s.fence(l, v, identity); err != nil {
 			s.forget(l.Region, l.Worker)
 			return Block{}, err
 		}

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"strings"
@@ -20,10 +21,13 @@ const maxMint = 100_000_000
 
 // mintConfig is `rangesvc mint`'s flags.
 type mintConfig struct {
-	Targets []string      // --target ADDR[,ADDR...] (required)
-	N       int           // -n (required, 1..maxMint)
-	Region  int           // --region (default -1: the service's region); 0..3: the service must serve it
-	Timeout time.Duration // --timeout (default 30s) for the whole run
+	Targets []string       // --target ADDR[,ADDR...] (required)
+	N       int            // -n (required, 1..maxMint)
+	Region  int            // --region (default -1: the service's region); 0..3: the service must serve it
+	Timeout time.Duration  // --timeout (default 30s) for the whole run
+	TLS     clientTLSFlags // --tls-cert, --tls-key, --tls-ca, --tls-server-name
+
+	tls *tls.Config // loaded from TLS; nil: plaintext
 }
 
 func parseMintFlags(args []string, stderr io.Writer) (mintConfig, error) {
@@ -40,6 +44,7 @@ func parseMintFlags(args []string, stderr io.Writer) (mintConfig, error) {
 	fs.IntVar(&c.N, "n", 0, fmt.Sprintf("number of IDs to print (1..%d, required)", maxMint))
 	fs.IntVar(&c.Region, "region", -1, "region (0..3) the service must serve; -1: whichever it serves, asked from it")
 	fs.DurationVar(&c.Timeout, "timeout", 30*time.Second, "give up after this long")
+	c.TLS.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: rangesvc mint --target ADDR[,ADDR...] -n N [--region R]\n\n"+
 			"prints N decimal IDs of the service's region, one per line; --region R fails\n"+
@@ -66,7 +71,9 @@ func parseMintFlags(args []string, stderr io.Writer) (mintConfig, error) {
 			return c, cli.Usagef("--target %v", err)
 		}
 	}
-	return c, nil
+	var err error
+	c.tls, err = c.TLS.config()
+	return c, err
 }
 
 // runMint prints N IDs minted through the range service. All IDs are minted
@@ -98,6 +105,7 @@ func runMint(ctx context.Context, args []string, stdout, stderr io.Writer) error
 func mintIDs(ctx context.Context, c mintConfig) ([]snowflake.ID, error) {
 	cl, err := rangeclient.New(ctx, rangeclient.Config{
 		Targets: c.Targets,
+		TLS:     c.tls,
 		Region:  max(c.Region, 0),
 		Owner:   "rangesvc mint",
 	})

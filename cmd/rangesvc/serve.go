@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/idrange/idrange/internal/buildinfo"
 	"github.com/idrange/idrange/internal/cli"
@@ -71,6 +70,8 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	ml = cfg.Security.metricsListener(ml)
+	cfg.Security.logMode(log)
 	hs := metricsServer(reg, rep.Service(), log)
 	errc := make(chan error, 2)
 	grpcErr := rep.Serve(gl)
@@ -120,7 +121,7 @@ func drain(ctx context.Context, cfg serveConfig, rep *region.Replica, hs *http.S
 
 // replicaConfig is the replica `rangesvc serve` runs, from its flags.
 func (c serveConfig) replicaConfig(cli *clientv3.Client, clk clock.Clock, reg *prometheus.Registry, log *slog.Logger) region.ReplicaConfig {
-	return region.ReplicaConfig{
+	rc := region.ReplicaConfig{
 		Region:        c.Region,
 		Etcd:          cli,
 		Prefix:        c.KeyPrefix,
@@ -136,6 +137,8 @@ func (c serveConfig) replicaConfig(cli *clientv3.Client, clk clock.Clock, reg *p
 		CompactionRetention: c.CompactionRetention,
 		EtcdQuotaBytes:      c.EtcdQuotaBytes,
 	}
+	c.Security.applyReplica(&rc)
+	return rc
 }
 
 // embeddedAutoCompaction is the embedded etcd's own periodic compaction
@@ -244,13 +247,8 @@ func openEtcd(ctx context.Context, cfg serveConfig, log *slog.Logger) (_ *serveE
 		}
 		log.Info("embedded etcd ready", "endpoints", strings.Join(e.emb.Endpoints(), ","))
 	} else {
-		e.cli, err = clientv3.New(clientv3.Config{
-			Endpoints:   cfg.Etcd,
-			DialTimeout: cfg.EtcdTimeout,
-			Logger:      zap.NewNop(),
-		})
-		if err != nil {
-			return nil, errors.Wrapf(err, "etcd client for %v", cfg.Etcd)
+		if e.cli, err = cfg.Security.openEtcd(ctx, cfg.Etcd, cfg.EtcdTimeout, cfg.KeyPrefix); err != nil {
+			return nil, err
 		}
 	}
 	if err := region.ProbeEtcd(ctx, e.cli, cfg.KeyPrefix, cfg.EtcdTimeout); err != nil {

@@ -110,6 +110,8 @@ type serveConfig struct {
 	// Faults are the test-only fault flags; empty, and no flags, unless
 	// built with -tags idrange_faults (faults_on.go).
 	Faults faultConfig
+	// Security are the TLS, identity and etcd security flags (tls_flags.go).
+	Security securityFlags
 }
 
 // parseServeFlags maps args 1:1 onto a validated serveConfig.
@@ -150,6 +152,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.DurationVar(&c.CompactionRetention, "compaction-retention", etcdspace.DefaultCompactionRetention, "etcd history a compaction keeps")
 	fs.Int64Var(&c.EtcdQuotaBytes, "etcd-quota-bytes", etcdspace.DefaultQuotaBytes, "etcd backend quota in bytes (embedded: set; --etcd: what the cluster runs with)")
 	c.Faults.register(fs)
+	c.Security.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: rangesvc serve --region N [--listen ADDR] [--metrics ADDR] [--data-dir DIR | --etcd EPS] [--config FILE] [flags]")
 		fs.PrintDefaults()
@@ -230,7 +233,7 @@ func (c serveConfig) Validate() error {
 	if err := c.storeConfig().Validate(); err != nil {
 		return fmt.Errorf("store settings (--lease-ttl, --max-block, --max-lead): %w", err)
 	}
-	return nil
+	return c.Security.validate(c.Listen, c.Metrics, len(c.Etcd) > 0)
 }
 
 // validateSpace checks the compaction and quota flags.

@@ -58,6 +58,8 @@ type options struct {
 	// notAfterSlack widens the ID timestamp window past the end of the run
 	// (forward clock jumps); the service's max lead (15 s) is always added.
 	notAfterSlack time.Duration
+	// mtls runs replicas and minters over mutual TLS (mtls_test.go).
+	mtls bool
 }
 
 // pacing is the time between the starts of two minting calls of one minter
@@ -108,6 +110,8 @@ type suite struct {
 	// corruptOK are values the corruption scenario planted in HWM keys on
 	// purpose; the replay skips them (they were repaired before the check).
 	corruptOK map[string]bool
+	// pki holds the certificates of an options.mtls deployment.
+	pki *suitePKI
 }
 
 type member struct {
@@ -141,6 +145,9 @@ type minter struct {
 func newSuite(t *testing.T, opt options) *suite {
 	t.Helper()
 	s := &suite{t: t, name: t.Name(), dir: t.TempDir(), opt: opt.withDefaults(), b: bins(t), start: time.Now(), mono0: history.Now()}
+	if s.opt.mtls {
+		s.pki = newSuitePKI(t, s.dir)
+	}
 	s.startCluster()
 	for i := range 2 {
 		s.addReplica(fmt.Sprintf("svc%d", i))
@@ -291,6 +298,7 @@ func (s *suite) addReplica(name string) *replica {
 		// The checker replays every HWM value from etcd's history after the
 		// run: keep it (a soak scenario outlasts the default retention).
 		"--compaction-interval", "0"}
+	args = append(args, s.pki.replicaArgs()...)
 	r.p = newProc(s.t, name, s.b.rangesvc, args, nil, s.dir, rangesvcReadyRE)
 	r.p.start()
 	s.replicas = append(s.replicas, r)
@@ -338,6 +346,7 @@ func (s *suite) addMinter() *minter {
 	args := []string{"--targets", s.targets(), "--region", strconv.Itoa(region), "--name", name, "--history", m.path,
 		"--rate", strconv.Itoa(s.opt.rate), "--batch", strconv.Itoa(s.opt.batch),
 		"--exit-on-stdin-eof", "--duration", "30m"}
+	args = append(args, s.pki.minterArgs(name)...)
 	if !s.opt.clientDefaults {
 		args = append(args, "--safety-margin", s.opt.margin.String())
 		if s.opt.refill > 0 {

@@ -14,6 +14,7 @@ package region
 
 import (
 	"context"
+	"crypto/tls"
 	"log/slog"
 	"net"
 	"os"
@@ -28,6 +29,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
+	"github.com/idrange/idrange/internal/authz"
 	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/embedetcd"
 	"github.com/idrange/idrange/internal/hdr"
@@ -101,6 +103,13 @@ type Config struct {
 	NextMinter NextFunc
 	// Logger receives store and service logs; nil discards them.
 	Logger *slog.Logger
+	// TLS, AllowedIdentities and AdminIdentities are the replica's
+	// (ReplicaConfig): TLS on the gRPC port, mutual TLS with identity-bound
+	// leases when TLS requires client certificates. Addr stays
+	// 127.0.0.1:port; the certificate must name 127.0.0.1 or the client
+	// must set its ServerName.
+	TLS                                *tls.Config
+	AllowedIdentities, AdminIdentities []authz.Pattern
 }
 
 // Counts are the store operations a region performed. Grants, Acquires and
@@ -240,6 +249,10 @@ func (r *Region) start(addr string) error {
 		Interceptors: []grpc.UnaryServerInterceptor{r.timeRPC},
 		Logger:       r.cfg.Logger,
 		txns:         &r.txns,
+
+		TLS:               r.cfg.TLS,
+		AllowedIdentities: r.cfg.AllowedIdentities,
+		AdminIdentities:   r.cfg.AdminIdentities,
 	})
 	if err != nil {
 		return errors.Wrap(err, "region")

@@ -2,6 +2,7 @@ package region
 
 import (
 	"context"
+	"crypto/tls"
 	"log/slog"
 	"net"
 	"sync"
@@ -12,9 +13,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/idrange/idrange/internal/admin"
+	"github.com/idrange/idrange/internal/authz"
 	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/etcdspace"
 	"github.com/idrange/idrange/internal/service"
@@ -61,8 +64,21 @@ type ReplicaConfig struct {
 	// Registry receives the service metrics. Default: a fresh registry.
 	Registry *prometheus.Registry
 	// Interceptors run around every unary RPC, after the production server
-	// options (service.ServerOptions).
+	// options (service.ServerOptions) and the authentication.
 	Interceptors []grpc.UnaryServerInterceptor
+	// TLS, if set, serves gRPC over TLS with it (build it with
+	// tlsfiles.Files.ServerConfig, which re-reads a rotated certificate).
+	// nil serves plaintext. When it requires and verifies client
+	// certificates (tls.RequireAndVerifyClientCert: mutual TLS), every RPC
+	// is authenticated and authorised by internal/authz, and leases are
+	// bound to the caller's identity, with Store.MaxCodesPerIdentity codes
+	// at most per identity.
+	TLS *tls.Config
+	// AllowedIdentities may call the RangeService (empty: any verified
+	// client certificate); AdminIdentities may call every method,
+	// admin RPCs included (empty: nobody may call admin RPCs). Both need
+	// mutual TLS.
+	AllowedIdentities, AdminIdentities []authz.Pattern
 	// Next, if set, serves the Next RPC with a minter opened on the first
 	// call (service.LazyMinter) and closed by Stop. nil: Next answers
 	// Unimplemented until Service().SetMinter.
@@ -118,6 +134,10 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 	if cfg.Etcd == nil {
 		return nil, errors.New("region: ReplicaConfig.Etcd is required")
 	}
+	mtls := cfg.TLS != nil && cfg.TLS.ClientAuth == tls.RequireAndVerifyClientCert
+	if !mtls && len(cfg.AllowedIdentities)+len(cfg.AdminIdentities) > 0 {
+		return nil, errors.New("region: ReplicaConfig.AllowedIdentities and AdminIdentities need mutual TLS (a TLS config that requires and verifies client certificates)")
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.System{}
 	}
@@ -147,7 +167,11 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 	if cfg.Next != nil {
 		st, region, open := r.store, cfg.Region, cfg.Next
 		r.minter = service.NewLazyMinter(func(ctx context.Context) (service.MinterCloser, error) {
-			return open(ctx, st, region)
+			// The first Next call opens the minter with its context, which
+			// under mutual TLS carries that caller's identity. The minter's
+			// lease is the replica's own (renewed from its background loop,
+			// without any caller), so it is taken without an identity.
+			return open(segment.WithIdentity(ctx, ""), st, region)
 		})
 	}
 	r.svc, err = service.New(r.serviceConfig())
@@ -155,8 +179,19 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 		return nil, err
 	}
 	opts := service.ServerOptions()
-	if len(cfg.Interceptors) > 0 {
-		opts = append(opts, grpc.ChainUnaryInterceptor(cfg.Interceptors...))
+	unary := cfg.Interceptors
+	if cfg.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
+	}
+	if mtls {
+		// Authentication runs first: nothing (not even the timing
+		// interceptors) sees an unauthenticated call.
+		pol := authz.Policy{Allowed: cfg.AllowedIdentities, Admin: cfg.AdminIdentities}
+		unary = append([]grpc.UnaryServerInterceptor{pol.UnaryInterceptor()}, unary...)
+		opts = append(opts, grpc.ChainStreamInterceptor(pol.StreamInterceptor()))
+	}
+	if len(unary) > 0 {
+		opts = append(opts, grpc.ChainUnaryInterceptor(unary...))
 	}
 	r.srv = grpc.NewServer(opts...)
 	r.svc.Register(r.srv)

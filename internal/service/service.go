@@ -11,6 +11,10 @@
 //     guess about never reaches it.
 //   - It maps the store's sentinel errors to gRPC statuses (internal/wire), so
 //     clients can tell fenced (stop minting) from backpressure (retry later).
+//     The caller's verified identity, when the server runs mutual TLS, is
+//     put in the context by internal/authz's interceptor
+//     (segment.WithIdentity); the store binds leases to it and refuses
+//     other identities with PermissionDenied.
 //   - It watches its own clock. Grants stay safe when the clock moves back
 //     (Lo = max(HWM, now<<12) does not depend on it), but a replica whose
 //     clock is behind the highest time it has seen by more than
@@ -460,7 +464,7 @@ func (s *Service) AcquireLease(ctx context.Context, req *idrangev1.AcquireLeaseR
 		}
 		s.metrics.LeaseAcquisitions.Inc()
 		s.log.Info("lease acquired", "worker", l.Worker, "token", l.Token, "lease_id", l.LeaseID,
-			"ttl", l.TTL, "owner", req.GetOwner())
+			"ttl", l.TTL, "owner", req.GetOwner(), "identity", segment.IdentityFrom(ctx))
 		resp = &idrangev1.AcquireLeaseResponse{Lease: wire.LeaseToProto(l), TtlMs: l.TTL.Milliseconds()}
 		return nil
 	})
@@ -510,7 +514,7 @@ func (s *Service) ReleaseLease(ctx context.Context, req *idrangev1.ReleaseLeaseR
 			return err
 		}
 		s.metrics.LeaseReleases.Inc()
-		s.log.Info("lease released", "worker", l.Worker, "token", l.Token)
+		s.log.Info("lease released", "worker", l.Worker, "token", l.Token, "identity", segment.IdentityFrom(ctx))
 		return nil
 	})
 	if err != nil {

@@ -12,7 +12,8 @@
 //
 // Statuses without idrange's ErrorInfo (transport failures, other servers)
 // are mapped by code alone, conservatively: FailedPrecondition becomes
-// ErrLeaseLost (stop minting), Unavailable becomes ErrUnavailable (retry).
+// ErrLeaseLost (stop minting), PermissionDenied and Unauthenticated become
+// ErrPermissionDenied, Unavailable becomes ErrUnavailable (retry).
 package wire
 
 import (
@@ -51,6 +52,8 @@ type mapping struct {
 var mappings = []mapping{
 	{segment.ErrFenced, codes.FailedPrecondition, "FENCED"},
 	{segment.ErrLeaseLost, codes.FailedPrecondition, "LEASE_LOST"},
+	{segment.ErrPermissionDenied, codes.PermissionDenied, "PERMISSION_DENIED"},
+	{segment.ErrCodeCap, codes.ResourceExhausted, "CODE_CAP"},
 	{segment.ErrBackpressure, codes.ResourceExhausted, "BACKPRESSURE"},
 	{segment.ErrNoFreeCode, codes.ResourceExhausted, "NO_FREE_CODE"},
 	{segment.ErrEpochExhausted, codes.OutOfRange, "EPOCH_EXHAUSTED"},
@@ -203,6 +206,10 @@ func byCode(c codes.Code, hasRetry bool) error {
 	switch c {
 	case codes.FailedPrecondition:
 		return segment.ErrLeaseLost
+	case codes.PermissionDenied, codes.Unauthenticated:
+		// Refused by the service's authentication (internal/authz) or by
+		// a proxy: this caller may not do this, retrying will not help.
+		return segment.ErrPermissionDenied
 	case codes.ResourceExhausted:
 		if hasRetry {
 			return segment.ErrBackpressure

@@ -22,6 +22,8 @@ func TestMappingRoundTrip(t *testing.T) {
 	}{
 		{segment.ErrFenced, codes.FailedPrecondition},
 		{segment.ErrLeaseLost, codes.FailedPrecondition},
+		{segment.ErrPermissionDenied, codes.PermissionDenied},
+		{segment.ErrCodeCap, codes.ResourceExhausted},
 		{segment.ErrBackpressure, codes.ResourceExhausted},
 		{segment.ErrNoFreeCode, codes.ResourceExhausted},
 		{segment.ErrEpochExhausted, codes.OutOfRange},
@@ -131,6 +133,8 @@ func TestFromStatusForeign(t *testing.T) {
 	}{
 		{codes.FailedPrecondition, segment.ErrLeaseLost},
 		{codes.Unavailable, segment.ErrUnavailable},
+		{codes.PermissionDenied, segment.ErrPermissionDenied},
+		{codes.Unauthenticated, segment.ErrPermissionDenied},
 		{codes.InvalidArgument, segment.ErrInvalid},
 		{codes.DataLoss, segment.ErrCorrupt},
 		{codes.OutOfRange, segment.ErrEpochExhausted},
@@ -140,7 +144,8 @@ func TestFromStatusForeign(t *testing.T) {
 		{codes.Internal, nil},
 	}
 	all := []error{segment.ErrFenced, segment.ErrLeaseLost, segment.ErrBackpressure, segment.ErrNoFreeCode,
-		segment.ErrUnavailable, segment.ErrInvalid, segment.ErrCorrupt, segment.ErrEpochExhausted}
+		segment.ErrUnavailable, segment.ErrInvalid, segment.ErrCorrupt, segment.ErrEpochExhausted,
+		segment.ErrPermissionDenied, segment.ErrCodeCap}
 	for _, tc := range cases {
 		t.Run(tc.code.String(), func(t *testing.T) {
 			back := FromStatus(status.Error(tc.code, "foreign"))

@@ -112,6 +112,9 @@ func Run(t *testing.T, open func(t *testing.T) Backend) {
 		{"BatchOneCompareFailsOthersCommit", testBatchOneCompareFails},
 		{"ConcurrentCodesNeverOverlap", testConcurrentCodesNeverOverlap},
 		{"SnapshotAndFence", testSnapshotAndFence},
+		{"IdentityBindsTheLease", testIdentityBinding},
+		{"IdentityCap", testIdentityCap},
+		{"IdentityCapUnderConcurrency", testIdentityCapConcurrent},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1034,5 +1037,173 @@ func testSnapshotAndFence(t *testing.T, be Backend) {
 	}
 	if _, err := admin.Snapshot(ctx, 4); !errors.Is(err, segment.ErrInvalid) {
 		t.Errorf("Snapshot of region 4: %v, want ErrInvalid", err)
+	}
+}
+
+// testIdentityBinding: a lease acquired with an identity is recorded with
+// it (record version 2), and only that identity may renew, release or
+// allocate on it; another identity, or none, is refused with
+// ErrPermissionDenied and changes nothing in the storage. A lease acquired
+// without an identity is stored as the version 1 record of old.
+func testIdentityBinding(t *testing.T, be Backend) {
+	st := NewStore(t, be.Storage(t), segment.StoreConfig{})
+	ctx := Ctx(t)
+	ctxA := segment.WithIdentity(ctx, "uri:spiffe://idrange.test/a")
+	ctxB := segment.WithIdentity(ctx, "uri:spiffe://idrange.test/b")
+
+	la, err := st.Acquire(ctxA, 1, "client a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, ok := be.Get(t, be.LeaseKey(1, la.Worker))
+	if !ok {
+		t.Fatal("owner entry missing")
+	}
+	rec, err := segment.DecodeOwnerRecord(raw)
+	if err != nil || rec.Version != 2 || rec.Identity != "uri:spiffe://idrange.test/a" || rec.Owner != "client a" {
+		t.Fatalf("owner record %s = %+v, %v; want version 2 with A's identity", raw, rec, err)
+	}
+	if _, err := st.Allocate(ctxA, la, 4096); err != nil {
+		t.Fatal(err)
+	}
+	hwm, _ := be.Get(t, be.HighWaterKey(1, la.Worker))
+
+	other := NewStore(t, be.Storage(t), segment.StoreConfig{}) // a second replica, cold cache
+	for _, s := range []*segment.Store{st, other} {
+		for name, c := range map[string]context.Context{"identity B": ctxB, "no identity": ctx} {
+			if _, err := s.Renew(c, la); !errors.Is(err, segment.ErrPermissionDenied) {
+				t.Fatalf("%s Renew of A's lease: %v, want ErrPermissionDenied", name, err)
+			}
+			if _, err := s.Allocate(c, la, 4096); !errors.Is(err, segment.ErrPermissionDenied) {
+				t.Fatalf("%s Allocate on A's lease: %v, want ErrPermissionDenied", name, err)
+			}
+			if err := s.Release(c, la); !errors.Is(err, segment.ErrPermissionDenied) {
+				t.Fatalf("%s Release of A's lease: %v, want ErrPermissionDenied", name, err)
+			}
+		}
+	}
+	if got, _ := be.Get(t, be.LeaseKey(1, la.Worker)); string(got) != string(raw) {
+		t.Fatalf("owner entry changed by refused calls: %s -> %s", raw, got)
+	}
+	if got, _ := be.Get(t, be.HighWaterKey(1, la.Worker)); string(got) != string(hwm) {
+		t.Fatalf("high-water mark changed by refused calls: %s -> %s", hwm, got)
+	}
+	infos, err := st.List(ctx, 1)
+	if err != nil || len(infos) != 1 || infos[0].Identity != "uri:spiffe://idrange.test/a" {
+		t.Fatalf("List = %+v, %v; want A's lease with its identity", infos, err)
+	}
+	for _, s := range []*segment.Store{st, other} {
+		if _, err := s.Renew(ctxA, la); err != nil {
+			t.Fatalf("A renews: %v", err)
+		}
+		if _, err := s.Allocate(ctxA, la, 4096); err != nil {
+			t.Fatalf("A allocates: %v", err)
+		}
+	}
+	if err := other.Release(ctxA, la); err != nil {
+		t.Fatalf("A releases: %v", err)
+	}
+
+	// Without an identity: the record is version 1, byte for byte as before
+	// identities existed, and an identified caller cannot touch it.
+	ln, err := st.Acquire(ctx, 1, "anonymous")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ = be.Get(t, be.LeaseKey(1, ln.Worker))
+	want := fmt.Sprintf(`{"v":1,"region":1,"worker":%d,"lease_id":%d,"owner":"anonymous","acquired_unix_ms":`, ln.Worker, ln.LeaseID)
+	if !strings.HasPrefix(string(raw), want) {
+		t.Fatalf("anonymous owner record %s, want the version 1 form %s...", raw, want)
+	}
+	if _, err := st.Allocate(ctxB, ln, 4096); !errors.Is(err, segment.ErrPermissionDenied) {
+		t.Fatalf("identity B on an anonymous lease: %v, want ErrPermissionDenied", err)
+	}
+	if _, err := st.Allocate(ctx, ln, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Release(ctx, ln); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// testIdentityCap: an identity holding MaxCodesPerIdentity codes is refused
+// the next with ErrCodeCap naming the cap, without leaking a storage lease;
+// other identities, and callers without one, still get codes; a released
+// code makes room again.
+func testIdentityCap(t *testing.T, be Backend) {
+	const capN = 3
+	st := NewStore(t, be.Storage(t), segment.StoreConfig{MaxCodesPerIdentity: capN})
+	ctx := Ctx(t)
+	ctxA := segment.WithIdentity(ctx, "cn:a")
+	var held []segment.Lease
+	for i := range capN {
+		l, err := st.Acquire(ctxA, 2, "a")
+		if err != nil {
+			t.Fatalf("acquire %d of %d: %v", i+1, capN, err)
+		}
+		held = append(held, l)
+	}
+	leases := be.Leases(t)
+	_, err := st.Acquire(ctxA, 2, "a")
+	if !errors.Is(err, segment.ErrCodeCap) || !strings.Contains(err.Error(), fmt.Sprintf("cap is %d", capN)) {
+		t.Fatalf("acquire %d: %v, want ErrCodeCap naming the cap %d", capN+1, err, capN)
+	}
+	if got := be.Leases(t); got != leases {
+		t.Fatalf("storage leases %d before, %d after the refused acquire", leases, got)
+	}
+	if _, err := st.Acquire(segment.WithIdentity(ctx, "cn:b"), 2, "b"); err != nil {
+		t.Fatalf("another identity: %v", err)
+	}
+	if _, err := st.Acquire(ctx, 2, "anonymous"); err != nil {
+		t.Fatalf("no identity: %v", err)
+	}
+	if _, err := st.Acquire(segment.WithIdentity(ctx, "cn:a"), 3, "a"); err != nil {
+		t.Fatalf("the same identity in another region: %v", err)
+	}
+	if err := st.Release(ctxA, held[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Acquire(ctxA, 2, "a"); err != nil {
+		t.Fatalf("after a release: %v", err)
+	}
+}
+
+// testIdentityCapUnderConcurrency: many concurrent acquisitions by one
+// identity through two replicas never leave it holding more than the cap,
+// at least one succeeds, and the refused ones leave no code behind.
+func testIdentityCapConcurrent(t *testing.T, be Backend) {
+	const capN, tries = 2, 8
+	stores := []*segment.Store{
+		NewStore(t, be.Storage(t), segment.StoreConfig{MaxCodesPerIdentity: capN}),
+		NewStore(t, be.Storage(t), segment.StoreConfig{MaxCodesPerIdentity: capN}),
+	}
+	ctx := segment.WithIdentity(Ctx(t), "dns:c.test")
+	var (
+		wg   sync.WaitGroup
+		won  atomic.Int64
+		errs = make(chan error, tries)
+	)
+	for i := range tries {
+		wg.Go(func() {
+			_, err := stores[i%2].Acquire(ctx, 0, "c")
+			switch {
+			case err == nil:
+				won.Add(1)
+			case !errors.Is(err, segment.ErrCodeCap):
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("acquire: %v, want success or ErrCodeCap", err)
+	}
+	infos, err := stores[0].List(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := int64(len(infos)); won.Load() < 1 || won.Load() > capN || n != won.Load() {
+		t.Fatalf("%d acquisitions succeeded and %d codes are held; want 1..%d, equal", won.Load(), n, capN)
 	}
 }

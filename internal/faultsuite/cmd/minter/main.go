@@ -19,6 +19,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -35,6 +36,7 @@ import (
 	"github.com/idrange/idrange/internal/history"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/snowflake"
+	"github.com/idrange/idrange/tlsfiles"
 )
 
 type config struct {
@@ -51,6 +53,7 @@ type config struct {
 	stdinEOF     bool
 	logLevel     string
 	failurePause time.Duration
+	tls          tlsfiles.Files // --tls-cert, --tls-key, --tls-ca
 }
 
 func main() {
@@ -79,6 +82,9 @@ func parse(args []string) (config, error) {
 	fs.DurationVar(&c.failurePause, "failure-pause", 20*time.Millisecond, "pause after a failed minting call")
 	fs.BoolVar(&c.stdinEOF, "exit-on-stdin-eof", false, "exit when stdin is closed")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level of the client's logs on stderr")
+	fs.StringVar(&c.tls.Cert, "tls-cert", "", "client certificate (mutual TLS)")
+	fs.StringVar(&c.tls.Key, "tls-key", "", "key of --tls-cert")
+	fs.StringVar(&c.tls.CA, "tls-ca", "", "CA verifying the replicas; any --tls-* flag turns TLS on")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -126,7 +132,14 @@ func run(args []string) error {
 	}
 	defer rec.Close()
 
+	var tc *tls.Config
+	if c.tls.Cert+c.tls.Key+c.tls.CA != "" {
+		if tc, err = c.tls.ClientConfig(); err != nil {
+			return err
+		}
+	}
 	cfg := rangeclient.Config{
+		TLS:            tc,
 		Targets:        c.targets,
 		Region:         c.region,
 		Owner:          c.name,
