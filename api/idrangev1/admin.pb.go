@@ -489,6 +489,7 @@ type LeaseRow struct {
 	HwmUnixMs      int64                  `protobuf:"varint,8,opt,name=hwm_unix_ms,json=hwmUnixMs,proto3" json:"hwm_unix_ms,omitempty"`                // the HWM's timestamp; 0 if hwm is 0
 	HwmLeadMs      int64                  `protobuf:"varint,9,opt,name=hwm_lead_ms,json=hwmLeadMs,proto3" json:"hwm_lead_ms,omitempty"`                // hwm_unix_ms - now_unix_ms; 0 if hwm is 0
 	Error          string                 `protobuf:"bytes,10,opt,name=error,proto3" json:"error,omitempty"`                                           // the owner record or HWM does not decode (the code is stopped)
+	Identity       string                 `protobuf:"bytes,11,opt,name=identity,proto3" json:"identity,omitempty"`                                     // the verified client identity that holds the lease (mTLS); "" without
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -589,6 +590,13 @@ func (x *LeaseRow) GetHwmLeadMs() int64 {
 func (x *LeaseRow) GetError() string {
 	if x != nil {
 		return x.Error
+	}
+	return ""
+}
+
+func (x *LeaseRow) GetIdentity() string {
+	if x != nil {
+		return x.Identity
 	}
 	return ""
 }
@@ -917,7 +925,7 @@ const file_admin_proto_rawDesc = "" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x1e\n" +
 	"\vnow_unix_ms\x18\x02 \x01(\x03R\tnowUnixMs\x12%\n" +
 	"\x0estore_revision\x18\x03 \x01(\x03R\rstoreRevision\x12,\n" +
-	"\x06leases\x18\x04 \x03(\v2\x14.idrange.v1.LeaseRowR\x06leases\"\x9b\x02\n" +
+	"\x06leases\x18\x04 \x03(\v2\x14.idrange.v1.LeaseRowR\x06leases\"\xb7\x02\n" +
 	"\bLeaseRow\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\rR\x06worker\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x14\n" +
@@ -929,7 +937,8 @@ const file_admin_proto_rawDesc = "" +
 	"\vhwm_unix_ms\x18\b \x01(\x03R\thwmUnixMs\x12\x1e\n" +
 	"\vhwm_lead_ms\x18\t \x01(\x03R\thwmLeadMs\x12\x14\n" +
 	"\x05error\x18\n" +
-	" \x01(\tR\x05error\"<\n" +
+	" \x01(\tR\x05error\x12\x1a\n" +
+	"\bidentity\x18\v \x01(\tR\bidentity\"<\n" +
 	"\fFenceRequest\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\rR\x06worker\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x03R\x05token\"=\n" +

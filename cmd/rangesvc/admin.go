@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -45,13 +47,16 @@ commands:
 // adminConfig is `rangesvc admin`'s flags. Transport security flags join it
 // with mTLS; dialAdmin is the one place they are used.
 type adminConfig struct {
-	Command string        // status, leases, fence, alarm list, alarm disarm
-	Targets []string      // --target ADDR[,ADDR...] (required)
-	Output  string        // -o table|json (default table)
-	Timeout time.Duration // --timeout for the whole command (default 10s)
-	Worker  int           // fence --worker (required, 0..255)
-	Token   int64         // fence --token (0: the current owner, looked up first)
-	Member  uint64        // alarm disarm --member (0: every member)
+	Command string         // status, leases, fence, alarm list, alarm disarm
+	Targets []string       // --target ADDR[,ADDR...] (required)
+	Output  string         // -o table|json (default table)
+	Timeout time.Duration  // --timeout for the whole command (default 10s)
+	Worker  int            // fence --worker (required, 0..255)
+	Token   int64          // fence --token (0: the current owner, looked up first)
+	Member  uint64         // alarm disarm --member (0: every member)
+	TLS     clientTLSFlags // --tls-cert, --tls-key, --tls-ca, --tls-server-name
+
+	tls *tls.Config // loaded from TLS; nil: plaintext
 }
 
 func parseAdminFlags(args []string, stderr io.Writer) (adminConfig, error) {
@@ -89,6 +94,7 @@ func parseAdminFlags(args []string, stderr io.Writer) (adminConfig, error) {
 	})
 	fs.StringVar(&c.Output, "o", "table", "output: table or json")
 	fs.DurationVar(&c.Timeout, "timeout", 10*time.Second, "give up after this long")
+	c.TLS.register(fs)
 	switch c.Command {
 	case "fence":
 		fs.IntVar(&c.Worker, "worker", -1, "worker code to fence, 0..255 (required)")
@@ -132,7 +138,9 @@ func parseAdminFlags(args []string, stderr io.Writer) (adminConfig, error) {
 			return c, cli.Usagef("--target %v", err)
 		}
 	}
-	return c, nil
+	var err error
+	c.tls, err = c.TLS.config()
+	return c, err
 }
 
 func flagSet(fs *flag.FlagSet, name string) bool {
@@ -174,8 +182,12 @@ func runAdmin(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 // dialAdmin opens a connection to one replica: the one place the admin
 // commands choose transport credentials.
-func dialAdmin(_ adminConfig, target string) (*grpc.ClientConn, error) {
-	return grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+func dialAdmin(c adminConfig, target string) (*grpc.ClientConn, error) {
+	creds := insecure.NewCredentials()
+	if c.tls != nil {
+		creds = credentials.NewTLS(c.tls)
+	}
+	return grpc.NewClient(target, grpc.WithTransportCredentials(creds))
 }
 
 type adminRun struct {
@@ -271,6 +283,7 @@ type statusJSON struct {
 type leaseJSON struct {
 	Worker    int        `json:"worker"`
 	Owner     string     `json:"owner"`
+	Identity  string     `json:"identity,omitempty"` // the verified client identity (mTLS)
 	Token     int64      `json:"token"`
 	LeaseID   string     `json:"lease_id"` // hex, as etcdctl prints it
 	TTLLeftMs int64      `json:"ttl_left_ms"`
@@ -307,7 +320,7 @@ func alarmsJSON(as []*idrangev1.Alarm) []alarmJSON {
 
 func leaseFromRow(r *idrangev1.LeaseRow) leaseJSON {
 	l := leaseJSON{
-		Worker: int(r.GetWorker()), Owner: r.GetOwner(), Token: r.GetToken(),
+		Worker: int(r.GetWorker()), Owner: r.GetOwner(), Identity: r.GetIdentity(), Token: r.GetToken(),
 		LeaseID: hex(uint64(r.GetLeaseId())), TTLLeftMs: r.GetTtlLeftMs(),
 		HWM: r.GetHwm(), HWMLeadMs: r.GetHwmLeadMs(), Error: r.GetError(),
 	}
@@ -508,9 +521,9 @@ func (a *adminRun) leases(ctx context.Context) error {
 		return a.json(out)
 	}
 	w := a.table()
-	fmt.Fprintln(w, "WORKER\tOWNER\tTOKEN\tLEASE\tTTL LEFT\tHWM TIME\tHWM LEAD\tACQUIRED\tERROR")
+	fmt.Fprintln(w, "WORKER\tOWNER\tIDENTITY\tTOKEN\tLEASE\tTTL LEFT\tHWM TIME\tHWM LEAD\tACQUIRED\tERROR")
 	for _, l := range out.Leases {
-		fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", l.Worker, orDash(l.Owner), l.Token, l.LeaseID,
+		fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", l.Worker, orDash(l.Owner), orDash(l.Identity), l.Token, l.LeaseID,
 			ttlStr(l.TTLLeftMs), timeStr(l.HWMTime), leadStr(l), timeStr(l.Acquired), l.Error)
 	}
 	if err := w.Flush(); err != nil {

@@ -207,7 +207,7 @@ func TestAdminThreeClientsStatusLeasesFence(t *testing.T) {
 			t.Fatalf("client %d: TTL left %d ms, acquired %v; want 1..3000 ms and a time", i, row.TTLLeftMs, row.Acquired)
 		}
 	}
-	adminTable(t, []string{"WORKER", "OWNER", "TOKEN", "LEASE", "TTL LEFT", "HWM TIME", "HWM LEAD", "ACQUIRED",
+	adminTable(t, []string{"WORKER", "OWNER", "IDENTITY", "TOKEN", "LEASE", "TTL LEFT", "HWM TIME", "HWM LEAD", "ACQUIRED",
 		"client-0", "client-1", "client-2", "3 held codes in region 1"}, "leases", "--target", targets)
 
 	// status -o json: both replicas, 256-3 free codes, the lead and the

@@ -281,7 +281,7 @@ func (s *Server) ttlLeft(ctx context.Context, id int64) int64 {
 
 func leaseRow(li segment.LeaseInfo) *idrangev1.LeaseRow {
 	row := &idrangev1.LeaseRow{
-		Worker: uint32(li.Worker), Owner: li.Owner, Token: li.Token, LeaseId: li.LeaseID,
+		Worker: uint32(li.Worker), Owner: li.Owner, Identity: li.Identity, Token: li.Token, LeaseId: li.LeaseID,
 	}
 	if !li.Acquired.IsZero() {
 		row.AcquiredUnixMs = li.Acquired.UnixMilli()

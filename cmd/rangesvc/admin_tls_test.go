@@ -1,0 +1,73 @@
+package main
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idrange/idrange/internal/cli"
+	"github.com/idrange/idrange/internal/testenv"
+	"github.com/idrange/idrange/rangeclient"
+	"github.com/idrange/idrange/tlsfiles"
+)
+
+// The admin commands over mutual TLS: an admin identity lists the leases
+// (each with the identity that holds it) and fences a code; a client
+// identity that may mint is refused the admin RPCs and fences nothing.
+func TestAdminOverMutualTLS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("subprocess test: skipped with -short")
+	}
+	p := newTestPKI(t, "minter-1", "operator")
+	srv := testenv.StartServe(t, testenv.ServeConfig{Region: 2, Args: []string{
+		"--tls-cert", p.server.Cert, "--tls-key", p.server.Key, "--tls-client-ca", p.ca,
+		"--tls-allowed-identities", "cn:minter-*", "--tls-admin-identities", "cn:operator",
+	}})
+	as := func(cn string, args ...string) []string {
+		return append(args, "--target", srv.GRPCAddr, "--timeout", "10s",
+			"--tls-ca", p.ca, "--tls-cert", p.clients[cn].Cert, "--tls-key", p.clients[cn].Key)
+	}
+
+	tc, err := tlsfiles.Files{Cert: p.clients["minter-1"].Cert, Key: p.clients["minter-1"].Key, CA: p.ca}.ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := rangeclient.New(ctx, rangeclient.Config{Targets: []string{srv.GRPCAddr}, TLS: tc, Owner: "admin-tls"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Next(ctx); err != nil {
+		t.Fatal(err)
+	}
+	worker := c.Lease().Lease.Worker
+
+	got := adminJSON[leasesJSON](t, as("operator", "leases")...)
+	if len(got.Leases) != 1 || got.Leases[0].Worker != worker || got.Leases[0].Identity != "cn:minter-1" {
+		t.Fatalf("leases as the operator: %+v, want worker %d held by cn:minter-1", got.Leases, worker)
+	}
+
+	code, out, errs := runCmd(append([]string{"admin"}, as("minter-1", "fence", "--worker", strconv.Itoa(worker))...)...)
+	if code != cli.ExitFailure || out != "" || !strings.Contains(strings.ToLower(errs), "permission") {
+		t.Fatalf("fence as a minting identity: exit %d, stdout %q, stderr %q; want exit 1, permission denied", code, out, errs)
+	}
+	if st := c.Stats(); st.Fenced != 0 {
+		t.Fatalf("a refused fence fenced the client: %+v", st)
+	}
+
+	code, _, errs = runCmd(append([]string{"admin"}, as("operator", "fence", "--worker", strconv.Itoa(worker))...)...)
+	if code != cli.ExitOK {
+		t.Fatalf("fence as the operator: exit %d, stderr %q", code, errs)
+	}
+	for c.Stats().Fenced == 0 {
+		if ctx.Err() != nil {
+			t.Fatalf("the client was not fenced: %+v", c.Stats())
+		}
+		time.Sleep(20 * time.Millisecond) // the owner learns of the fence at its next renewal or grant
+
+	}
+}
