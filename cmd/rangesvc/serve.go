@@ -53,7 +53,13 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 	hs := metricsServer(reg, rep.Service())
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
+	api, err := startHTTPAPI(cfg.HTTP, rep.GRPCServer(), errc, log)
+	if err != nil {
+		gl.Close()
+		ml.Close()
+		return err
+	}
 	grpcErr := rep.Serve(gl)
 	go func() { errc <- <-grpcErr }()
 	go func() {
@@ -69,6 +75,7 @@ func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
 	// Drain: NOT_SERVING first, stop accepting, let in-flight RPCs finish
 	// (bounded), close the Next minter, then the metrics server, then etcd
 	// (deferred).
+	api.stop(cfg.ShutdownTimeout)
 	rep.Stop(cfg.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
 	defer cancel()

@@ -41,6 +41,9 @@ type serveConfig struct {
 	// Metrics (--metrics, default 127.0.0.1:9090) serves /metrics and
 	// /healthz over HTTP. Port 0 picks a free port.
 	Metrics string
+	// HTTP (--http, default 127.0.0.1:7071; empty disables) serves the
+	// HTTP/JSON API (GET /v1/ids?count=N, serve_http.go).
+	HTTP string
 	// DataDir (--data-dir, default ./data/rangesvc) is the embedded etcd's
 	// data directory. Only without --etcd.
 	DataDir string
@@ -88,6 +91,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.IntVar(&c.Region, "region", -1, "region code 0..3 this replica serves (required)")
 	fs.StringVar(&c.Listen, "listen", defaultListen, "gRPC listen address host:port (port 0: any free port)")
 	fs.StringVar(&c.Metrics, "metrics", defaultMetrics, "HTTP address for /metrics and /healthz")
+	fs.StringVar(&c.HTTP, "http", defaultHTTP, "HTTP/JSON API address (GET /v1/ids?count=N); empty disables it")
 	fs.Func("data-dir", "embedded etcd data directory (default "+defaultDataDir+"); not with --etcd", func(s string) error {
 		c.DataDir, c.dataDirSet = s, true
 		return nil
@@ -149,6 +153,9 @@ func (c serveConfig) Validate() error {
 		return err
 	}
 	if err := checkHostPort("--metrics", c.Metrics); err != nil {
+		return err
+	}
+	if err := checkHostPort("--http", c.HTTP); c.HTTP != "" && err != nil {
 		return err
 	}
 	for i, e := range c.Etcd {
