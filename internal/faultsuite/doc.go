@@ -38,6 +38,7 @@
 //	TestSlowEtcd                                +100 ms then +600 ms each way to etcd, then back
 //	TestSlowEtcdShortBlocksStillMint            +100 ms with 100 ms blocks: clients still mint
 //	TestCorruptEtcdValuesStopTheCode            corrupt HWM and lease record: the code stops, never resets
+//	TestReplicaMintBatchSurvivesLeaseLoss       all etcd SIGSTOPped past the TTL under MintBatch calls: none succeeds after the deadline, then recovers
 //
 // plus fuzz tests of bad input (fuzz_test.go).
 //
