@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/idrange/idrange/internal/cli"
 	"github.com/idrange/idrange/internal/service"
 	"github.com/idrange/idrange/internal/testenv"
 	"github.com/idrange/idrange/snowflake"
@@ -143,5 +144,26 @@ func TestHTTPMintAcceptance(t *testing.T) {
 	// Only the HTTP bindings are served: no other method, no other protocol.
 	if code, _, body := httpGet(t, "http://"+p.HTTPAddr+"/idrange.v1.RangeService/GetReplicaInfo"); code != http.StatusNotFound {
 		t.Fatalf("Connect-style path: %d %s; want 404", code, body)
+	}
+}
+
+// --http takes host:port (bad: exit 2 naming the flag); empty disables it.
+func TestHTTPFlag(t *testing.T) {
+	for _, bad := range []string{"nonsense", "127.0.0.1:70000"} {
+		code, _, errs := runCmd("serve", "--region", "0", "--http", bad)
+		if code != cli.ExitUsage || !strings.Contains(errs, "--http") {
+			t.Errorf("--http %q: exit %d, stderr %q; want %d naming --http", bad, code, errs, cli.ExitUsage)
+		}
+	}
+	c, err := parseServeFlags([]string{"--region", "0", "--http", ""}, io.Discard)
+	if err != nil || c.HTTP != "" {
+		t.Fatalf("--http '': %q, %v; want disabled", c.HTTP, err)
+	}
+	if a, err := startHTTPAPI(c.HTTP, nil, nil, nil); a != nil || err != nil {
+		t.Fatalf("startHTTPAPI with --http '': %v, %v; want nothing started", a, err)
+	}
+	c, err = parseServeFlags([]string{"--region", "0"}, io.Discard)
+	if err != nil || c.HTTP != defaultHTTP {
+		t.Fatalf("default --http %q, %v; want %s", c.HTTP, err, defaultHTTP)
 	}
 }
