@@ -12,7 +12,7 @@
 //   - buffered: rangeclient against a real rangesvc (embedded etcd, loopback
 //     gRPC): blocks of (timestamp, sequence) space prefetched in the
 //     background, an in-memory step per ID;
-//   - per-id-rpc: one Next RPC per ID to the central service, the design
+//   - per-id-rpc: one MintBatch(count=1) RPC per ID to the central service, the design
 //     docs/design.md rules out, measured to show why;
 //   - segment-per-call: a naive client that asks the service for a fresh
 //     block (AllocateBlock) for every call of 1–16 IDs;
@@ -79,7 +79,7 @@ type Region interface {
 	// EtcdWrites counts successful writing store operations so far (block
 	// grants, lease acquisitions and releases).
 	EtcdWrites() uint64
-	// EnableNext installs a minter behind the service's Next RPC until
+	// EnableNext installs a minter behind the service's MintBatch and Next RPCs until
 	// stop is called.
 	EnableNext(ctx context.Context) (stop func() error, err error)
 }

@@ -83,7 +83,7 @@ func TestRunAllStrategies(t *testing.T) {
 	if local.RPCsPer1M != 0 || local.EtcdWritesPer1M != 0 || local.RatioSingle != 1 {
 		t.Errorf("local: %v RPCs/1M, %v writes/1M, ratio %v", local.RPCsPer1M, local.EtcdWritesPer1M, local.RatioSingle)
 	}
-	// One Next RPC per ID, exactly (no failed calls in a healthy run).
+	// One MintBatch(1) RPC per ID, exactly (no failed calls in a healthy run).
 	if rpc.RPCsPer1M != 1e6 {
 		t.Errorf("per-id-rpc: %v RPCs per 1M IDs, want 1,000,000", rpc.RPCsPer1M)
 	}

@@ -14,6 +14,12 @@
 //
 // Regenerating the unchanged range.proto with these versions reproduces the
 // committed files byte for byte.
+//
+// range.proto's HTTP bindings (google.api.http, read by the HTTP/JSON
+// transcoder of rangesvc serve --http) import google/api/annotations.proto
+// from ../third_party: a subset of the public definitions, enough for protoc,
+// with the same field numbers; at run time the generated code links the full
+// ones from google.golang.org/genproto/googleapis/api/annotations.
 package idrangev1
 
-//go:generate protoc --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative range.proto admin.proto
+//go:generate protoc -I . -I ../third_party --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative range.proto admin.proto

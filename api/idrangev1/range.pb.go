@@ -10,6 +10,7 @@
 package idrangev1
 
 import (
+	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
@@ -485,6 +486,98 @@ func (x *AllocateBlockResponse) GetValidUntilUnixNano() int64 {
 	return 0
 }
 
+type MintBatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many IDs to mint, 1..100,000. Signed so that a negative value sent
+	// over HTTP/JSON reaches the range check (and its message) intact.
+	Count         int64 `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MintBatchRequest) Reset() {
+	*x = MintBatchRequest{}
+	mi := &file_range_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MintBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MintBatchRequest) ProtoMessage() {}
+
+func (x *MintBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MintBatchRequest.ProtoReflect.Descriptor instead.
+func (*MintBatchRequest) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *MintBatchRequest) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+type MintBatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// count distinct IDs (no order is promised). protobuf JSON renders
+	// them as decimal strings: JavaScript numbers lose precision above 2^53.
+	Ids           []int64 `protobuf:"varint,1,rep,packed,name=ids,proto3" json:"ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MintBatchResponse) Reset() {
+	*x = MintBatchResponse{}
+	mi := &file_range_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MintBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MintBatchResponse) ProtoMessage() {}
+
+func (x *MintBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MintBatchResponse.ProtoReflect.Descriptor instead.
+func (*MintBatchResponse) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *MintBatchResponse) GetIds() []int64 {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
 type NextRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -493,7 +586,7 @@ type NextRequest struct {
 
 func (x *NextRequest) Reset() {
 	*x = NextRequest{}
-	mi := &file_range_proto_msgTypes[9]
+	mi := &file_range_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -505,7 +598,7 @@ func (x *NextRequest) String() string {
 func (*NextRequest) ProtoMessage() {}
 
 func (x *NextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[9]
+	mi := &file_range_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -518,7 +611,7 @@ func (x *NextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NextRequest.ProtoReflect.Descriptor instead.
 func (*NextRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{9}
+	return file_range_proto_rawDescGZIP(), []int{11}
 }
 
 type NextResponse struct {
@@ -530,7 +623,7 @@ type NextResponse struct {
 
 func (x *NextResponse) Reset() {
 	*x = NextResponse{}
-	mi := &file_range_proto_msgTypes[10]
+	mi := &file_range_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -542,7 +635,7 @@ func (x *NextResponse) String() string {
 func (*NextResponse) ProtoMessage() {}
 
 func (x *NextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[10]
+	mi := &file_range_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -555,7 +648,7 @@ func (x *NextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NextResponse.ProtoReflect.Descriptor instead.
 func (*NextResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{10}
+	return file_range_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NextResponse) GetId() int64 {
@@ -573,7 +666,7 @@ type GetReplicaInfoRequest struct {
 
 func (x *GetReplicaInfoRequest) Reset() {
 	*x = GetReplicaInfoRequest{}
-	mi := &file_range_proto_msgTypes[11]
+	mi := &file_range_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -585,7 +678,7 @@ func (x *GetReplicaInfoRequest) String() string {
 func (*GetReplicaInfoRequest) ProtoMessage() {}
 
 func (x *GetReplicaInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[11]
+	mi := &file_range_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -598,7 +691,7 @@ func (x *GetReplicaInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetReplicaInfoRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{11}
+	return file_range_proto_rawDescGZIP(), []int{13}
 }
 
 // GetReplicaInfoResponse describes one replica. Later fields (a version,
@@ -612,7 +705,7 @@ type GetReplicaInfoResponse struct {
 
 func (x *GetReplicaInfoResponse) Reset() {
 	*x = GetReplicaInfoResponse{}
-	mi := &file_range_proto_msgTypes[12]
+	mi := &file_range_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -624,7 +717,7 @@ func (x *GetReplicaInfoResponse) String() string {
 func (*GetReplicaInfoResponse) ProtoMessage() {}
 
 func (x *GetReplicaInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[12]
+	mi := &file_range_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -637,7 +730,7 @@ func (x *GetReplicaInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetReplicaInfoResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{12}
+	return file_range_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetReplicaInfoResponse) GetRegion() uint32 {
@@ -652,7 +745,7 @@ var File_range_proto protoreflect.FileDescriptor
 const file_range_proto_rawDesc = "" +
 	"\n" +
 	"\vrange.proto\x12\n" +
-	"idrange.v1\"h\n" +
+	"idrange.v1\x1a\x1cgoogle/api/annotations.proto\"h\n" +
 	"\x05Lease\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x16\n" +
 	"\x06worker\x18\x02 \x01(\rR\x06worker\x12\x14\n" +
@@ -678,20 +771,25 @@ const file_range_proto_rawDesc = "" +
 	"\x02lo\x18\x01 \x01(\x03R\x02lo\x12\x0e\n" +
 	"\x02hi\x18\x02 \x01(\x03R\x02hi\x123\n" +
 	"\x16service_time_unix_nano\x18\x03 \x01(\x03R\x13serviceTimeUnixNano\x121\n" +
-	"\x15valid_until_unix_nano\x18\x04 \x01(\x03R\x12validUntilUnixNano\"\r\n" +
+	"\x15valid_until_unix_nano\x18\x04 \x01(\x03R\x12validUntilUnixNano\"(\n" +
+	"\x10MintBatchRequest\x12\x14\n" +
+	"\x05count\x18\x01 \x01(\x03R\x05count\"%\n" +
+	"\x11MintBatchResponse\x12\x10\n" +
+	"\x03ids\x18\x01 \x03(\x03R\x03ids\"\r\n" +
 	"\vNextRequest\"\x1e\n" +
 	"\fNextResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x03R\x02id\"\x17\n" +
 	"\x15GetReplicaInfoRequest\"0\n" +
 	"\x16GetReplicaInfoResponse\x12\x16\n" +
-	"\x06region\x18\x01 \x01(\rR\x06region2\xeb\x03\n" +
+	"\x06region\x18\x01 \x01(\rR\x06region2\xcb\x04\n" +
 	"\fRangeService\x12Q\n" +
 	"\fAcquireLease\x12\x1f.idrange.v1.AcquireLeaseRequest\x1a .idrange.v1.AcquireLeaseResponse\x12K\n" +
 	"\n" +
 	"RenewLease\x12\x1d.idrange.v1.RenewLeaseRequest\x1a\x1e.idrange.v1.RenewLeaseResponse\x12Q\n" +
 	"\fReleaseLease\x12\x1f.idrange.v1.ReleaseLeaseRequest\x1a .idrange.v1.ReleaseLeaseResponse\x12T\n" +
-	"\rAllocateBlock\x12 .idrange.v1.AllocateBlockRequest\x1a!.idrange.v1.AllocateBlockResponse\x129\n" +
-	"\x04Next\x12\x17.idrange.v1.NextRequest\x1a\x18.idrange.v1.NextResponse\x12W\n" +
+	"\rAllocateBlock\x12 .idrange.v1.AllocateBlockRequest\x1a!.idrange.v1.AllocateBlockResponse\x12Y\n" +
+	"\tMintBatch\x12\x1c.idrange.v1.MintBatchRequest\x1a\x1d.idrange.v1.MintBatchResponse\"\x0f\x82\xd3\xe4\x93\x02\t\x12\a/v1/ids\x12>\n" +
+	"\x04Next\x12\x17.idrange.v1.NextRequest\x1a\x18.idrange.v1.NextResponse\"\x03\x88\x02\x01\x12W\n" +
 	"\x0eGetReplicaInfo\x12!.idrange.v1.GetReplicaInfoRequest\x1a\".idrange.v1.GetReplicaInfoResponseB4Z2github.com/idrange/idrange/api/idrangev1;idrangev1b\x06proto3"
 
 var (
@@ -706,7 +804,7 @@ func file_range_proto_rawDescGZIP() []byte {
 	return file_range_proto_rawDescData
 }
 
-var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_range_proto_goTypes = []any{
 	(*Lease)(nil),                  // 0: idrange.v1.Lease
 	(*AcquireLeaseRequest)(nil),    // 1: idrange.v1.AcquireLeaseRequest
@@ -717,10 +815,12 @@ var file_range_proto_goTypes = []any{
 	(*ReleaseLeaseResponse)(nil),   // 6: idrange.v1.ReleaseLeaseResponse
 	(*AllocateBlockRequest)(nil),   // 7: idrange.v1.AllocateBlockRequest
 	(*AllocateBlockResponse)(nil),  // 8: idrange.v1.AllocateBlockResponse
-	(*NextRequest)(nil),            // 9: idrange.v1.NextRequest
-	(*NextResponse)(nil),           // 10: idrange.v1.NextResponse
-	(*GetReplicaInfoRequest)(nil),  // 11: idrange.v1.GetReplicaInfoRequest
-	(*GetReplicaInfoResponse)(nil), // 12: idrange.v1.GetReplicaInfoResponse
+	(*MintBatchRequest)(nil),       // 9: idrange.v1.MintBatchRequest
+	(*MintBatchResponse)(nil),      // 10: idrange.v1.MintBatchResponse
+	(*NextRequest)(nil),            // 11: idrange.v1.NextRequest
+	(*NextResponse)(nil),           // 12: idrange.v1.NextResponse
+	(*GetReplicaInfoRequest)(nil),  // 13: idrange.v1.GetReplicaInfoRequest
+	(*GetReplicaInfoResponse)(nil), // 14: idrange.v1.GetReplicaInfoResponse
 }
 var file_range_proto_depIdxs = []int32{
 	0,  // 0: idrange.v1.AcquireLeaseResponse.lease:type_name -> idrange.v1.Lease
@@ -731,16 +831,18 @@ var file_range_proto_depIdxs = []int32{
 	3,  // 5: idrange.v1.RangeService.RenewLease:input_type -> idrange.v1.RenewLeaseRequest
 	5,  // 6: idrange.v1.RangeService.ReleaseLease:input_type -> idrange.v1.ReleaseLeaseRequest
 	7,  // 7: idrange.v1.RangeService.AllocateBlock:input_type -> idrange.v1.AllocateBlockRequest
-	9,  // 8: idrange.v1.RangeService.Next:input_type -> idrange.v1.NextRequest
-	11, // 9: idrange.v1.RangeService.GetReplicaInfo:input_type -> idrange.v1.GetReplicaInfoRequest
-	2,  // 10: idrange.v1.RangeService.AcquireLease:output_type -> idrange.v1.AcquireLeaseResponse
-	4,  // 11: idrange.v1.RangeService.RenewLease:output_type -> idrange.v1.RenewLeaseResponse
-	6,  // 12: idrange.v1.RangeService.ReleaseLease:output_type -> idrange.v1.ReleaseLeaseResponse
-	8,  // 13: idrange.v1.RangeService.AllocateBlock:output_type -> idrange.v1.AllocateBlockResponse
-	10, // 14: idrange.v1.RangeService.Next:output_type -> idrange.v1.NextResponse
-	12, // 15: idrange.v1.RangeService.GetReplicaInfo:output_type -> idrange.v1.GetReplicaInfoResponse
-	10, // [10:16] is the sub-list for method output_type
-	4,  // [4:10] is the sub-list for method input_type
+	9,  // 8: idrange.v1.RangeService.MintBatch:input_type -> idrange.v1.MintBatchRequest
+	11, // 9: idrange.v1.RangeService.Next:input_type -> idrange.v1.NextRequest
+	13, // 10: idrange.v1.RangeService.GetReplicaInfo:input_type -> idrange.v1.GetReplicaInfoRequest
+	2,  // 11: idrange.v1.RangeService.AcquireLease:output_type -> idrange.v1.AcquireLeaseResponse
+	4,  // 12: idrange.v1.RangeService.RenewLease:output_type -> idrange.v1.RenewLeaseResponse
+	6,  // 13: idrange.v1.RangeService.ReleaseLease:output_type -> idrange.v1.ReleaseLeaseResponse
+	8,  // 14: idrange.v1.RangeService.AllocateBlock:output_type -> idrange.v1.AllocateBlockResponse
+	10, // 15: idrange.v1.RangeService.MintBatch:output_type -> idrange.v1.MintBatchResponse
+	12, // 16: idrange.v1.RangeService.Next:output_type -> idrange.v1.NextResponse
+	14, // 17: idrange.v1.RangeService.GetReplicaInfo:output_type -> idrange.v1.GetReplicaInfoResponse
+	11, // [11:18] is the sub-list for method output_type
+	4,  // [4:11] is the sub-list for method input_type
 	4,  // [4:4] is the sub-list for extension type_name
 	4,  // [4:4] is the sub-list for extension extendee
 	0,  // [0:4] is the sub-list for field type_name
@@ -757,7 +859,7 @@ func file_range_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_range_proto_rawDesc), len(file_range_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

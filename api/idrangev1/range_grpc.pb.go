@@ -26,6 +26,7 @@ const (
 	RangeService_RenewLease_FullMethodName     = "/idrange.v1.RangeService/RenewLease"
 	RangeService_ReleaseLease_FullMethodName   = "/idrange.v1.RangeService/ReleaseLease"
 	RangeService_AllocateBlock_FullMethodName  = "/idrange.v1.RangeService/AllocateBlock"
+	RangeService_MintBatch_FullMethodName      = "/idrange.v1.RangeService/MintBatch"
 	RangeService_Next_FullMethodName           = "/idrange.v1.RangeService/Next"
 	RangeService_GetReplicaInfo_FullMethodName = "/idrange.v1.RangeService/GetReplicaInfo"
 )
@@ -48,8 +49,22 @@ type RangeServiceClient interface {
 	// AllocateBlock grants [lo, hi) of the code's linear space L = ms<<12|seq.
 	// The new high-water mark is committed to etcd before the reply is sent.
 	AllocateBlock(ctx context.Context, in *AllocateBlockRequest, opts ...grpc.CallOption) (*AllocateBlockResponse, error)
-	// Next mints one ID on the service itself: the centralised per-ID RPC that
-	// docs/design.md rules out. It exists only as a baseline for the comparison module.
+	// MintBatch mints count IDs (1..100,000) with the replica's own buffered
+	// client, which holds a worker-code lease like any other client: the IDs
+	// carry every guarantee the Go client's do (leases, fencing, reserve, the
+	// safety deadline). One network call per batch: the path for callers in
+	// other languages, scripts and low-rate callers; high-rate Go callers link
+	// rangeclient instead. Over HTTP/JSON (rangesvc serve --http):
+	//
+	//	GET /v1/ids?count=N  ->  {"ids": ["<decimal>", ...]}
+	//
+	// A count outside 1..100,000 is InvalidArgument (HTTP 400) and mints
+	// nothing. Trouble with the replica's own lease is Unavailable: retry,
+	// here or at another replica.
+	MintBatch(ctx context.Context, in *MintBatchRequest, opts ...grpc.CallOption) (*MintBatchResponse, error)
+	// Deprecated: Do not use.
+	// Next mints one ID: the same as MintBatch with count 1, kept so that
+	// existing callers keep working. Use MintBatch.
 	Next(ctx context.Context, in *NextRequest, opts ...grpc.CallOption) (*NextResponse, error)
 	// GetReplicaInfo describes the serving replica (its region), so a client
 	// need not be configured with it. It reads no store state and answers
@@ -105,6 +120,17 @@ func (c *rangeServiceClient) AllocateBlock(ctx context.Context, in *AllocateBloc
 	return out, nil
 }
 
+func (c *rangeServiceClient) MintBatch(ctx context.Context, in *MintBatchRequest, opts ...grpc.CallOption) (*MintBatchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MintBatchResponse)
+	err := c.cc.Invoke(ctx, RangeService_MintBatch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Deprecated: Do not use.
 func (c *rangeServiceClient) Next(ctx context.Context, in *NextRequest, opts ...grpc.CallOption) (*NextResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(NextResponse)
@@ -143,8 +169,22 @@ type RangeServiceServer interface {
 	// AllocateBlock grants [lo, hi) of the code's linear space L = ms<<12|seq.
 	// The new high-water mark is committed to etcd before the reply is sent.
 	AllocateBlock(context.Context, *AllocateBlockRequest) (*AllocateBlockResponse, error)
-	// Next mints one ID on the service itself: the centralised per-ID RPC that
-	// docs/design.md rules out. It exists only as a baseline for the comparison module.
+	// MintBatch mints count IDs (1..100,000) with the replica's own buffered
+	// client, which holds a worker-code lease like any other client: the IDs
+	// carry every guarantee the Go client's do (leases, fencing, reserve, the
+	// safety deadline). One network call per batch: the path for callers in
+	// other languages, scripts and low-rate callers; high-rate Go callers link
+	// rangeclient instead. Over HTTP/JSON (rangesvc serve --http):
+	//
+	//	GET /v1/ids?count=N  ->  {"ids": ["<decimal>", ...]}
+	//
+	// A count outside 1..100,000 is InvalidArgument (HTTP 400) and mints
+	// nothing. Trouble with the replica's own lease is Unavailable: retry,
+	// here or at another replica.
+	MintBatch(context.Context, *MintBatchRequest) (*MintBatchResponse, error)
+	// Deprecated: Do not use.
+	// Next mints one ID: the same as MintBatch with count 1, kept so that
+	// existing callers keep working. Use MintBatch.
 	Next(context.Context, *NextRequest) (*NextResponse, error)
 	// GetReplicaInfo describes the serving replica (its region), so a client
 	// need not be configured with it. It reads no store state and answers
@@ -171,6 +211,9 @@ func (UnimplementedRangeServiceServer) ReleaseLease(context.Context, *ReleaseLea
 }
 func (UnimplementedRangeServiceServer) AllocateBlock(context.Context, *AllocateBlockRequest) (*AllocateBlockResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method AllocateBlock not implemented")
+}
+func (UnimplementedRangeServiceServer) MintBatch(context.Context, *MintBatchRequest) (*MintBatchResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MintBatch not implemented")
 }
 func (UnimplementedRangeServiceServer) Next(context.Context, *NextRequest) (*NextResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Next not implemented")
@@ -271,6 +314,24 @@ func _RangeService_AllocateBlock_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RangeService_MintBatch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MintBatchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RangeServiceServer).MintBatch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RangeService_MintBatch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RangeServiceServer).MintBatch(ctx, req.(*MintBatchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _RangeService_Next_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(NextRequest)
 	if err := dec(in); err != nil {
@@ -329,6 +390,10 @@ var RangeService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "AllocateBlock",
 			Handler:    _RangeService_AllocateBlock_Handler,
+		},
+		{
+			MethodName: "MintBatch",
+			Handler:    _RangeService_MintBatch_Handler,
 		},
 		{
 			MethodName: "Next",

@@ -73,7 +73,13 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	ml = cfg.Security.metricsListener(ml)
 	cfg.Security.logMode(log)
 	hs := metricsServer(reg, rep.Service(), log)
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
+	api, err := startHTTPAPI(cfg.HTTP, cfg.Security.httpListener, rep.GRPCServer(), errc, log)
+	if err != nil {
+		gl.Close()
+		ml.Close()
+		return err
+	}
 	grpcErr := rep.Serve(gl)
 	go func() { errc <- <-grpcErr }()
 	go func() {
@@ -85,7 +91,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 		"region", cfg.Region, "etcd", strings.Join(etcd.cli.Endpoints(), ","), "embedded", etcd.emb != nil)
 
 	failure := waitForEnd(ctx, errc, etcd.Err(), log)
-	drain(ctx, cfg, rep, hs, failure != nil, log)
+	drain(ctx, cfg, rep, api, hs, failure != nil, log)
 	log.Info("servers stopped; closing the store", "embedded_etcd", etcd.emb != nil)
 	return failure
 }
@@ -97,7 +103,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 // accepting RPCs and let in-flight ones finish within --shutdown-timeout,
 // close the Next minter, and last the metrics server, so /livez answers
 // until the end. Each step is logged.
-func drain(ctx context.Context, cfg serveConfig, rep *region.Replica, hs *http.Server, failed bool, log *slog.Logger) {
+func drain(ctx context.Context, cfg serveConfig, rep *region.Replica, api *httpAPI, hs *http.Server, failed bool, log *slog.Logger) {
 	rep.Service().Shutdown()
 	delay := cfg.DrainDelay
 	if failed {
@@ -110,6 +116,7 @@ func drain(ctx context.Context, cfg serveConfig, rep *region.Replica, hs *http.S
 	}
 	log.Info("stopping the gRPC server", "shutdown_timeout", cfg.ShutdownTimeout)
 	start := time.Now()
+	api.stop(cfg.ShutdownTimeout) // its requests are served by the gRPC server: stop it first
 	rep.Stop(cfg.ShutdownTimeout)
 	log.Info("gRPC server stopped", "took", time.Since(start).Round(time.Millisecond))
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)

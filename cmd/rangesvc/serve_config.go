@@ -44,6 +44,9 @@ type serveConfig struct {
 	// probes /livez, /readyz (and /healthz, its old name) over HTTP. Port 0
 	// picks a free port.
 	Metrics string
+	// HTTP (--http, default 127.0.0.1:7071; empty disables) serves the
+	// HTTP/JSON API (GET /v1/ids?count=N, serve_http.go).
+	HTTP string
 	// DataDir (--data-dir, default ./data/rangesvc) is the embedded etcd's
 	// data directory. Only without --etcd.
 	DataDir string
@@ -121,6 +124,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.IntVar(&c.Region, "region", -1, "region code 0..3 this replica serves (required)")
 	fs.StringVar(&c.Listen, "listen", defaultListen, "gRPC listen address host:port (port 0: any free port)")
 	fs.StringVar(&c.Metrics, "metrics", defaultMetrics, "HTTP address for /metrics and the probes /livez, /readyz")
+	fs.StringVar(&c.HTTP, "http", defaultHTTP, "HTTP/JSON API address (GET /v1/ids?count=N); empty disables it")
 	fs.Func("data-dir", "embedded etcd data directory (default "+defaultDataDir+"); not with --etcd", func(s string) error {
 		c.DataDir, c.dataDirSet = s, true
 		return nil
@@ -191,6 +195,9 @@ func (c serveConfig) Validate() error {
 	if err := checkHostPort("--metrics", c.Metrics); err != nil {
 		return err
 	}
+	if err := checkHostPort("--http", c.HTTP); c.HTTP != "" && err != nil {
+		return err
+	}
 	for i, e := range c.Etcd {
 		if err := checkEndpoint(e); err != nil {
 			return fmt.Errorf("--etcd endpoint %d: %w", i+1, err)
@@ -233,7 +240,7 @@ func (c serveConfig) Validate() error {
 	if err := c.storeConfig().Validate(); err != nil {
 		return fmt.Errorf("store settings (--lease-ttl, --max-block, --max-lead): %w", err)
 	}
-	return c.Security.validate(c.Listen, c.Metrics, len(c.Etcd) > 0)
+	return c.Security.validate(c.Listen, c.Metrics, c.HTTP, len(c.Etcd) > 0)
 }
 
 // validateSpace checks the compaction and quota flags.

@@ -63,7 +63,7 @@ func (s *securityFlags) register(fs *flag.FlagSet) {
 
 // validate checks and loads the flags; listen and metrics are the
 // listen addresses, external whether --etcd was given. Errors name the flag.
-func (s securityFlags) validate(listen, metrics string, external bool) error {
+func (s securityFlags) validate(listen, metrics, httpAPI string, external bool) error {
 	l := &loadedSecurity{}
 	if s.TLSCert != "" || s.TLSKey != "" {
 		tc, err := tlsfiles.Files{Cert: s.TLSCert, Key: s.TLSKey, CA: s.TLSClientCA}.ServerConfig()
@@ -83,8 +83,8 @@ func (s securityFlags) validate(listen, metrics string, external bool) error {
 		case s.MetricsClientCA != "":
 			return errors.New("--metrics-client-ca needs --tls-cert and --tls-key")
 		}
-		for flag, addr := range map[string]string{"--listen": listen, "--metrics": metrics} {
-			if !s.Insecure && !loopback(addr) {
+		for flag, addr := range map[string]string{"--listen": listen, "--metrics": metrics, "--http": httpAPI} {
+			if addr != "" && !s.Insecure && !loopback(addr) {
 				return fmt.Errorf("%s %s is not a loopback address: serving plaintext there needs --insecure (or TLS: --tls-cert, --tls-key)", flag, addr)
 			}
 		}
@@ -158,6 +158,16 @@ func (s securityFlags) metricsListener(l net.Listener) net.Listener {
 }
 
 // openEtcd connects to the external etcd with the security flags.
+// httpListener wraps the HTTP/JSON API's listener with the gRPC port's TLS
+// configuration (the same certificate and, with --tls-client-ca, the same
+// required client certificates), so that port is never the weaker door.
+func (s securityFlags) httpListener(l net.Listener) net.Listener {
+	if s.loaded == nil || s.loaded.grpcTLS == nil {
+		return l
+	}
+	return tls.NewListener(l, s.loaded.grpcTLS)
+}
+
 func (s securityFlags) openEtcd(ctx context.Context, endpoints []string, timeout time.Duration, prefix string) (*clientv3.Client, error) {
 	o := s.Etcd
 	o.Endpoints, o.DialTimeout, o.Prefix = endpoints, timeout, prefix

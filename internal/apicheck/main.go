@@ -127,7 +127,8 @@ func goList(args ...string) ([]byte, error) {
 
 // publicPackages lists the module's packages that are public API.
 func publicPackages() ([]string, error) {
-	out, err := goList("-f", `{{if ne .Name "main"}}{{.ImportPath}}{{end}}`, module+"/...")
+	// Test-only packages (examples/python's runner) export nothing.
+	out, err := goList("-f", `{{if and (ne .Name "main") .GoFiles}}{{.ImportPath}}{{end}}`, module+"/...")
 	if err != nil {
 		return nil, err
 	}

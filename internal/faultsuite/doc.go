@@ -39,6 +39,7 @@
 //	TestSlowEtcdShortBlocksStillMint            +100 ms with 100 ms blocks: clients still mint
 //	TestCorruptEtcdValuesStopTheCode            corrupt HWM and lease record: the code stops, never resets
 //	TestMutualTLSIntruderAndReplicaKill         over mutual TLS: another identity replays a lease (refused), kill -9 a replica
+//	TestReplicaMintBatchSurvivesLeaseLoss       all etcd SIGSTOPped past the TTL under MintBatch calls: none succeeds after the deadline, then recovers
 //
 // plus fuzz tests of bad input (fuzz_test.go).
 //

@@ -291,7 +291,7 @@ func (s *suite) addReplica(name string) *replica {
 	if err := os.WriteFile(r.clockFile, []byte("0s\n"), 0o644); err != nil {
 		s.t.Fatal(err)
 	}
-	args := []string{"serve", "--region", strconv.Itoa(region), "--listen", r.addr(), "--metrics", "127.0.0.1:0",
+	args := []string{"serve", "--region", strconv.Itoa(region), "--listen", r.addr(), "--metrics", "127.0.0.1:0", "--http", "127.0.0.1:0",
 		"--etcd", strings.Join(eps, ","), "--lease-ttl", s.opt.leaseTTL.String(),
 		"--etcd-timeout", "2s", "--shutdown-timeout", "3s", "--log-level", "info",
 		"--fault-clock-file", r.clockFile,

@@ -391,6 +391,11 @@ func (r *Replica) Stop(grace time.Duration) {
 // Store is the replica's segment.Store.
 func (r *Replica) Store() *segment.Store { return r.store }
 
+// GRPCServer is the replica's gRPC server, for handlers that serve the same
+// services over another transport (rangesvc serve --http transcodes
+// HTTP/JSON into it), so every interceptor and option applies there too.
+func (r *Replica) GRPCServer() *grpc.Server { return r.srv }
+
 // Service is the replica's gRPC service.
 func (r *Replica) Service() *service.Service { return r.svc }
 

@@ -359,8 +359,13 @@ func (m identityMinter) open(ctx context.Context, _ segment.Allocator, _ int) (s
 
 type fixedMinter struct{}
 
-func (fixedMinter) Next(context.Context) (snowflake.ID, error) { return 1, nil }
-func (fixedMinter) Close() error                               { return nil }
+func (fixedMinter) AppendN(_ context.Context, dst []snowflake.ID, n int) ([]snowflake.ID, error) {
+	for range n {
+		dst = append(dst, 1)
+	}
+	return dst, nil
+}
+func (fixedMinter) Close() error { return nil }
 
 // The replica's own Next minter takes its lease as the replica, not as the
 // mTLS caller whose Next call happened to open it: its renewals come from

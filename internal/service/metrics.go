@@ -67,6 +67,9 @@ type Metrics struct {
 	Errors *prometheus.CounterVec
 	// Serving is 1 while the health status is SERVING (idrange_service_serving).
 	Serving prometheus.Gauge
+	// MintedIDs counts the IDs handed out by MintBatch and Next
+	// (idrange_service_minted_ids_total); a refused or failed call adds 0.
+	MintedIDs prometheus.Counter
 }
 
 // NewMetrics creates the metrics and registers them on reg (nil: none).
@@ -113,11 +116,12 @@ func NewMetrics(reg prometheus.Registerer, clk clock.Clock) (*Metrics, error) {
 		}),
 		Errors: prometheus.NewCounterVec(prometheus.CounterOpts(o("errors_total",
 			"Failed RPCs by method and gRPC status code.")), []string{"method", "code"}),
-		Serving: gauge("serving", "1 while the replica reports SERVING on the health service."),
+		Serving:   gauge("serving", "1 while the replica reports SERVING on the health service."),
+		MintedIDs: counter("minted_ids_total", "IDs handed out by MintBatch and Next (the replica's own minter)."),
 	}
 	// Create the error series that matter for alerts up front, so they
 	// scrape as 0 (and rate() works) before the first failure.
-	for _, method := range []string{"AcquireLease", "RenewLease", "ReleaseLease", "AllocateBlock", "Next"} {
+	for _, method := range []string{"AcquireLease", "RenewLease", "ReleaseLease", "AllocateBlock", "MintBatch", "Next"} {
 		for _, code := range []codes.Code{codes.InvalidArgument, codes.FailedPrecondition, codes.ResourceExhausted,
 			codes.Unavailable, codes.DataLoss, codes.OutOfRange, codes.Internal} {
 			m.Errors.WithLabelValues(method, code.String())
@@ -137,7 +141,7 @@ func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.BlockGrants, m.BlockSize, m.GrantLatency, m.GrantConflicts,
 		m.CorruptValues, m.LeaseAcquisitions, m.LeaseAcquireFailures, m.LeaseRenewals,
 		m.LeaseRenewalFailures, m.LeaseReleases, m.FreeCodes, m.HWMLead, m.ClockRollbackMs,
-		m.RemainingEpochLife, m.Errors, m.Serving}
+		m.RemainingEpochLife, m.Errors, m.Serving, m.MintedIDs}
 }
 
 // observeGrant records one successful grant at service time now.
@@ -171,6 +175,7 @@ var MetricNames = []string{
 	"idrange_service_remaining_epoch_life_seconds",
 	"idrange_service_errors_total",
 	"idrange_service_serving",
+	"idrange_service_minted_ids_total",
 }
 
 // StoreObserver returns a segment.Observer that feeds m with the events

@@ -16,11 +16,11 @@ type MinterCloser interface {
 	Close() error
 }
 
-// ErrMinterClosed is returned by LazyMinter.Next after Close.
-var ErrMinterClosed = errors.New("service: Next minter closed")
+// ErrMinterClosed is returned by LazyMinter.AppendN after Close.
+var ErrMinterClosed = errors.New("service: minter closed")
 
-// LazyMinter opens its MinterCloser on the first Next, so a replica takes a
-// worker code for the per-ID baseline only if somebody calls Next. A failed
+// LazyMinter opens its MinterCloser on first use, so a replica takes a
+// worker code for MintBatch and Next only if somebody calls them. A failed
 // open is returned to that caller and retried by the next one.
 type LazyMinter struct {
 	open func(ctx context.Context) (MinterCloser, error)
@@ -35,13 +35,13 @@ func NewLazyMinter(open func(ctx context.Context) (MinterCloser, error)) *LazyMi
 	return &LazyMinter{open: open}
 }
 
-// Next mints one ID, opening the minter first if needed.
-func (l *LazyMinter) Next(ctx context.Context) (snowflake.ID, error) {
+// AppendN mints n IDs onto dst, opening the minter first if needed.
+func (l *LazyMinter) AppendN(ctx context.Context, dst []snowflake.ID, n int) ([]snowflake.ID, error) {
 	m, err := l.get(ctx)
 	if err != nil {
-		return 0, err
+		return dst, err
 	}
-	return m.Next(ctx)
+	return m.AppendN(ctx, dst, n)
 }
 
 func (l *LazyMinter) get(ctx context.Context) (MinterCloser, error) {
@@ -55,13 +55,13 @@ func (l *LazyMinter) get(ctx context.Context) (MinterCloser, error) {
 	}
 	m, err := l.open(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("service: open Next minter: %w", err)
+		return nil, fmt.Errorf("service: open minter: %w", err)
 	}
 	l.m = m
 	return m, nil
 }
 
-// Close closes the minter if it was opened; later Next calls fail.
+// Close closes the minter if it was opened; later calls fail.
 func (l *LazyMinter) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -15,8 +15,11 @@ type countingMinter struct {
 	closed atomic.Bool
 }
 
-func (c *countingMinter) Next(context.Context) (snowflake.ID, error) {
-	return snowflake.ID(c.next.Add(1)), nil
+func (c *countingMinter) AppendN(_ context.Context, dst []snowflake.ID, n int) ([]snowflake.ID, error) {
+	for range n {
+		dst = append(dst, snowflake.ID(c.next.Add(1)))
+	}
+	return dst, nil
 }
 func (c *countingMinter) Close() error { c.closed.Store(true); return nil }
 
@@ -32,14 +35,14 @@ func TestLazyMinter(t *testing.T) {
 		}
 		return inner, nil
 	})
-	if _, err := lm.Next(ctx); err == nil {
-		t.Fatal("Next succeeded although open failed")
+	if _, err := lm.AppendN(ctx, nil, 1); err == nil {
+		t.Fatal("AppendN succeeded although open failed")
 	}
 	fail = false
 	var wg sync.WaitGroup
 	for range 16 {
 		wg.Go(func() {
-			if _, err := lm.Next(ctx); err != nil {
+			if _, err := lm.AppendN(ctx, nil, 1); err != nil {
 				t.Error(err)
 			}
 		})
@@ -54,7 +57,7 @@ func TestLazyMinter(t *testing.T) {
 	if err := lm.Close(); err != nil || !inner.closed.Load() {
 		t.Fatalf("Close: %v, inner closed %v", err, inner.closed.Load())
 	}
-	if _, err := lm.Next(ctx); !errors.Is(err, ErrMinterClosed) {
-		t.Fatalf("Next after Close: %v", err)
+	if _, err := lm.AppendN(ctx, nil, 1); !errors.Is(err, ErrMinterClosed) {
+		t.Fatalf("AppendN after Close: %v", err)
 	}
 }

@@ -370,9 +370,19 @@ func TestHappyPathAndMetrics(t *testing.T) {
 	}
 }
 
+// minterFunc mints each ID of a batch with f.
 type minterFunc func(context.Context) (snowflake.ID, error)
 
-func (f minterFunc) Next(ctx context.Context) (snowflake.ID, error) { return f(ctx) }
+func (f minterFunc) AppendN(ctx context.Context, dst []snowflake.ID, n int) ([]snowflake.ID, error) {
+	for range n {
+		id, err := f(ctx)
+		if err != nil {
+			return dst, err
+		}
+		dst = append(dst, id)
+	}
+	return dst, nil
+}
 
 func healthOf(t *testing.T, f *fixture, svc string) healthpb.HealthCheckResponse_ServingStatus {
 	t.Helper()

@@ -30,8 +30,9 @@ type ServeConfig struct {
 	DataDir string
 	// Etcd, if set, points the service at an external etcd (--etcd).
 	Etcd []string
-	// Listen and Metrics default to 127.0.0.1:0.
-	Listen, Metrics string
+	// Listen, Metrics and HTTP (the HTTP/JSON API, --http) default to
+	// 127.0.0.1:0.
+	Listen, Metrics, HTTP string
 	// Faults runs the fault build (FaultBinary) so the test-only flags
 	// (--fault-clock-offset, --fault-clock-file) are accepted.
 	Faults bool
@@ -50,6 +51,9 @@ type Process struct {
 	// "msg=listening grpc=... metrics=..." log line (or its JSON form with
 	// --log-format json).
 	GRPCAddr, MetricsAddr string
+	// HTTPAddr is the HTTP/JSON API's bound address, from the "http api
+	// listening" log line ("" if that line did not come first).
+	HTTPAddr string
 	// DataDir is the data directory it was started with ("" with Etcd).
 	DataDir string
 
@@ -62,6 +66,8 @@ type Process struct {
 // listeningRE matches serve's "listening" line in --log-format text and
 // json.
 var listeningRE = regexp.MustCompile(`msg=listening grpc=(\S+) metrics=(\S+)|"msg":"listening","grpc":"([^"]+)","metrics":"([^"]+)"`)
+
+var httpListeningRE = regexp.MustCompile(`msg="http api listening" http=(\S+)|"msg":"http api listening","http":"([^"]+)"`)
 
 // StartServe starts `rangesvc serve` with cfg and waits until it listens.
 // The process is killed at the end of the test if still running.
@@ -77,10 +83,14 @@ func StartServe(t testing.TB, cfg ServeConfig) *Process {
 	if cfg.Metrics == "" {
 		cfg.Metrics = "127.0.0.1:0"
 	}
+	if cfg.HTTP == "" {
+		cfg.HTTP = "127.0.0.1:0"
+	}
 	if cfg.StartTimeout == 0 {
 		cfg.StartTimeout = 60 * time.Second
 	}
-	args := []string{"serve", "--region", strconv.Itoa(cfg.Region), "--listen", cfg.Listen, "--metrics", cfg.Metrics}
+	args := []string{"serve", "--region", strconv.Itoa(cfg.Region), "--listen", cfg.Listen, "--metrics", cfg.Metrics,
+		"--http", cfg.HTTP}
 	if len(cfg.Etcd) > 0 {
 		args = append(args, "--etcd", strings.Join(cfg.Etcd, ","))
 	} else {
@@ -104,21 +114,24 @@ func StartServe(t testing.TB, cfg ServeConfig) *Process {
 	}
 	t.Cleanup(func() { p.Kill() })
 
-	addrs := make(chan [2]string, 1)
+	addrs := make(chan [3]string, 1)
 	go func() {
 		sc := bufio.NewScanner(pipe)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		found := false
+		found, httpAddr := false, ""
 		for sc.Scan() {
 			line := sc.Text()
 			p.stderr.WriteLine(line)
 			if !found {
+				if m := httpListeningRE.FindStringSubmatch(line); m != nil {
+					httpAddr = m[1] + m[2] // one of them is empty
+				}
 				if m := listeningRE.FindStringSubmatch(line); m != nil {
 					found = true
 					if m[1] == "" { // the JSON form
 						m = m[2:]
 					}
-					addrs <- [2]string{m[1], m[2]}
+					addrs <- [3]string{m[1], m[2], httpAddr}
 				}
 			}
 		}
@@ -130,7 +143,7 @@ func StartServe(t testing.TB, cfg ServeConfig) *Process {
 	defer timer.Stop()
 	select {
 	case a := <-addrs:
-		p.GRPCAddr, p.MetricsAddr = a[0], a[1]
+		p.GRPCAddr, p.MetricsAddr, p.HTTPAddr = a[0], a[1], a[2]
 	case <-p.done:
 		t.Fatalf("testenv: rangesvc serve exited before listening: %v\nstderr:\n%s", p.err, p.Stderr())
 	case <-timer.C:

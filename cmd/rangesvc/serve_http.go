@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"connectrpc.com/vanguard"
+	"github.com/cockroachdb/errors"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	idrangev1 "github.com/idrange/idrange/api/idrangev1"
+)
+
+// defaultHTTP is --http's default: the HTTP/JSON API (GET /v1/ids).
+const defaultHTTP = "127.0.0.1:7071"
+
+// httpAPIPrefix is the path prefix of range.proto's google.api.http
+// bindings; only these routes are served on --http.
+const httpAPIPrefix = "/v1/"
+
+// maxHTTPMessage bounds one transcoded message: the largest MintBatch
+// response (service.MaxMintBatch IDs, about 1 MB of protobuf) with room.
+const maxHTTPMessage = 8 << 20
+
+// httpAPI is serve's HTTP/JSON API server (--http): range.proto's
+// google.api.http bindings, transcoded by connectrpc.com/vanguard into
+// calls on the replica's own gRPC server, so the HTTP API runs the same
+// handlers, validation, interceptors and error mapping as gRPC. Only the
+// REST routes are served (not Connect or gRPC-Web for every method).
+type httpAPI struct {
+	srv *http.Server
+	lis net.Listener
+}
+
+// startHTTPAPI listens on addr (empty: disabled, returns nil) and serves
+// until stop. secure wraps the listener with the gRPC port's TLS (mutual
+// TLS included), so HTTP callers pass the same identity checks as gRPC
+// ones: the transcoded call carries the request's verified certificate.
+// Failures after the start go to errc.
+func startHTTPAPI(addr string, secure func(net.Listener) net.Listener, gs *grpc.Server, errc chan<- error, log *slog.Logger) (*httpAPI, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	h, err := newHTTPHandler(gs)
+	if err != nil {
+		return nil, err
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, errors.Wrapf(err, "--http %s", addr)
+	}
+	lis = secure(lis)
+	a := &httpAPI{lis: lis, srv: &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}}
+	go func() {
+		if err := a.srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+			errc <- errors.Wrap(err, "http api server")
+		}
+	}()
+	log.Info("http api listening", "http", lis.Addr().String())
+	return a, nil
+}
+
+// stop lets in-flight requests finish for up to grace, then closes them.
+// Call it before the gRPC server stops: requests are served by it.
+func (a *httpAPI) stop(grace time.Duration) {
+	if a == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if err := a.srv.Shutdown(ctx); err != nil {
+		a.srv.Close()
+	}
+}
+
+// newHTTPHandler transcodes range.proto's HTTP bindings to gs.
+func newHTTPHandler(gs *grpc.Server) (http.Handler, error) {
+	svc := vanguard.NewService(idrangev1.RangeService_ServiceDesc.ServiceName, gs,
+		vanguard.WithTargetProtocols(vanguard.ProtocolGRPC),
+		vanguard.WithTargetCodecs(vanguard.CodecProto),
+		vanguard.WithMaxMessageBufferBytes(maxHTTPMessage))
+	tc, err := vanguard.NewTranscoder([]*vanguard.Service{svc})
+	if err != nil {
+		return nil, errors.Wrap(err, "http api transcoder")
+	}
+	mux := http.NewServeMux()
+	mux.Handle(httpAPIPrefix, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Every response is freshly minted: never cache one (GET is
+		// the binding's verb, for curl and the anchors' habits).
+		w.Header().Set("Cache-Control", "no-store")
+		tc.ServeHTTP(w, r)
+	}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeJSONError(w, http.StatusNotFound, codes.NotFound,
+			fmt.Sprintf("no route for %s %s; the HTTP API is GET %sids?count=N", r.Method, r.URL.Path, httpAPIPrefix))
+	})
+	return mux, nil
+}
+
+// writeJSONError writes the error body the transcoder writes for RPC
+// errors ({"code": <gRPC code>, "message": "..."}), for the routes it does
+// not own.
+func writeJSONError(w http.ResponseWriter, status int, code codes.Code, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(struct {
+		Code    codes.Code `json:"code"`
+		Message string     `json:"message"`
+	}{code, msg})
+}
