@@ -60,11 +60,23 @@ log-format: json
 
 // The example file in docs parses: every key is a flag, every value valid.
 func TestServeConfigExample(t *testing.T) {
-	c, err := parseServeFlags([]string{"--config", "../../docs/rangesvc.example.yaml"}, &strings.Builder{})
+	// The file names certificate and password files of a real host: the
+	// same flags on the command line point them at test files (flags
+	// override the file), so every key is still parsed and validated.
+	p := newTestPKI(t, "etcd-client")
+	pw := filepath.Join(p.dir, "password")
+	if err := os.WriteFile(pw, []byte("secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := parseServeFlags([]string{"--config", "../../docs/rangesvc.example.yaml",
+		"--tls-cert", p.server.Cert, "--tls-key", p.server.Key, "--tls-client-ca", p.ca,
+		"--etcd-cacert", p.ca, "--etcd-cert", p.clients["etcd-client"].Cert, "--etcd-key", p.clients["etcd-client"].Key,
+		"--etcd-password-file", pw}, &strings.Builder{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Region != 1 || len(c.Etcd) != 3 || c.LogFormat != logJSON || c.DrainDelay != 5*time.Second {
+	if c.Region != 1 || len(c.Etcd) != 3 || c.LogFormat != logJSON || c.DrainDelay != 5*time.Second ||
+		c.Security.Allowed != "cn:minter-*" || c.Security.Etcd.User != "idrange" || c.Security.MaxCodesPerIdentity != 64 {
 		t.Fatalf("example config = %+v", c)
 	}
 }

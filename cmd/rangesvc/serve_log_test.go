@@ -155,7 +155,7 @@ func TestServeFailureLoggedAsJSON(t *testing.T) {
 			t.Fatalf("stderr line %d is not JSON: %q", i+1, l)
 		}
 	}
-	if last := lines[len(lines)-1]; !strings.Contains(last, `"msg":"serve failed"`) || !strings.Contains(last, "not reachable") {
+	if last := lines[len(lines)-1]; !strings.Contains(last, `"msg":"serve failed"`) || !strings.Contains(last, dead) {
 		t.Fatalf("last line %q, want the failure with its error", last)
 	}
 }
