@@ -155,6 +155,18 @@ func TestRulesAndDashboardUseExportedMetrics(t *testing.T) {
 	if len(missing) == 0 {
 		t.Logf("%d metric names used, all exported or recorded", len(used))
 	}
+	// The scales the latency and lead alerts compare against are set by a
+	// real replica (a 0 would make IdrangeGrantLatencyHigh fire on any grant).
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"idrange_service_lease_ttl_seconds", "idrange_service_max_lead_seconds"} {
+		i := slices.IndexFunc(mfs, func(mf *dto.MetricFamily) bool { return mf.GetName() == name })
+		if i < 0 || len(mfs[i].GetMetric()) == 0 || mfs[i].GetMetric()[0].GetGauge().GetValue() <= 0 {
+			t.Errorf("%s is not set to a positive value by the replica", name)
+		}
+	}
 }
 
 // A name that the code stops exporting (renamed, removed) is reported,
