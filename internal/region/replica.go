@@ -164,6 +164,7 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 	if r.store, err = openStore(cfg, r.metrics); err != nil {
 		return nil, errors.Wrap(err, "segment store")
 	}
+	r.metrics.SetStoreConfig(r.store.Config())
 	if cfg.Next != nil {
 		st, region, open := r.store, cfg.Region, cfg.Next
 		r.minter = service.NewLazyMinter(func(ctx context.Context) (service.MinterCloser, error) {

@@ -70,6 +70,16 @@ type Metrics struct {
 	// MintedIDs counts the IDs handed out by MintBatch and Next
 	// (idrange_service_minted_ids_total); a refused or failed call adds 0.
 	MintedIDs prometheus.Counter
+	// LeaseTTL is the worker-code lease TTL the store grants, in seconds
+	// (idrange_service_lease_ttl_seconds); set by SetStoreConfig, 0 until
+	// then. Alerts compare grant latency with it: a grant that takes a
+	// sizeable part of the TTL eats the clients' reserve.
+	LeaseTTL prometheus.Gauge
+	// MaxLead is the grant policy's MaxLead, in seconds
+	// (idrange_service_max_lead_seconds); set by SetStoreConfig. A
+	// hwm_lead_seconds near it means the next grants on that code are
+	// refused with backpressure.
+	MaxLead prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them on reg (nil: none).
@@ -118,6 +128,8 @@ func NewMetrics(reg prometheus.Registerer, clk clock.Clock) (*Metrics, error) {
 			"Failed RPCs by method and gRPC status code.")), []string{"method", "code"}),
 		Serving:   gauge("serving", "1 while the replica reports SERVING on the health service."),
 		MintedIDs: counter("minted_ids_total", "IDs handed out by MintBatch and Next (the replica's own minter)."),
+		LeaseTTL:  gauge("lease_ttl_seconds", "Worker-code lease TTL the store grants."),
+		MaxLead:   gauge("max_lead_seconds", "How far a grant may run ahead of the service clock before backpressure (the grant policy's MaxLead)."),
 	}
 	// Create the error series that matter for alerts up front, so they
 	// scrape as 0 (and rate() works) before the first failure.
@@ -141,7 +153,16 @@ func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.BlockGrants, m.BlockSize, m.GrantLatency, m.GrantConflicts,
 		m.CorruptValues, m.LeaseAcquisitions, m.LeaseAcquireFailures, m.LeaseRenewals,
 		m.LeaseRenewalFailures, m.LeaseReleases, m.FreeCodes, m.HWMLead, m.ClockRollbackMs,
-		m.RemainingEpochLife, m.Errors, m.Serving, m.MintedIDs}
+		m.RemainingEpochLife, m.Errors, m.Serving, m.MintedIDs, m.LeaseTTL, m.MaxLead}
+}
+
+// SetStoreConfig exports the store's lease TTL and grant policy (pass
+// segment.Store.Config, defaults applied) as lease_ttl_seconds and
+// max_lead_seconds, the scales alerts measure grant latency and HWM lead
+// against.
+func (m *Metrics) SetStoreConfig(cfg segment.StoreConfig) {
+	m.LeaseTTL.Set(cfg.LeaseTTL.Seconds())
+	m.MaxLead.Set(cfg.Policy.MaxLead.Seconds())
 }
 
 // observeGrant records one successful grant at service time now.
@@ -176,6 +197,8 @@ var MetricNames = []string{
 	"idrange_service_errors_total",
 	"idrange_service_serving",
 	"idrange_service_minted_ids_total",
+	"idrange_service_lease_ttl_seconds",
+	"idrange_service_max_lead_seconds",
 }
 
 // StoreObserver returns a segment.Observer that feeds m with the events

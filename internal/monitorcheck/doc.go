@@ -1,0 +1,8 @@
+// Package monitorcheck keeps the monitoring files under deploy/ honest: its
+// tests run promtool over the alerting rules and their unit tests, check
+// that every alert has a runbook section in docs/operations.md and a test
+// case that makes it fire, and check that every metric name the rules and
+// the Grafana dashboard use is exported by the real registries of a
+// rangesvc replica and a rangeclient (docs/operations.md, "Alerts and
+// runbooks").
+package monitorcheck

@@ -1,0 +1,48 @@
+package service
+
+import (
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/idrange/idrange/segment"
+)
+
+// The lease TTL and MaxLead gauges are the scales the alert rules in
+// deploy/prometheus measure grant latency and HWM lead against: they export
+// the store's configuration with its defaults applied.
+func TestSetStoreConfigExportsPolicy(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(m.LeaseTTL); got != 0 {
+		t.Fatalf("lease_ttl_seconds before SetStoreConfig = %v, want 0", got)
+	}
+	m.SetStoreConfig(segment.StoreConfig{LeaseTTL: 3 * time.Second,
+		Policy: segment.Policy{MaxLead: 1500 * time.Millisecond}})
+	for name, want := range map[string]float64{
+		"idrange_service_lease_ttl_seconds": 3,
+		"idrange_service_max_lead_seconds":  1.5,
+	} {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, mf := range mfs {
+			if mf.GetName() == name {
+				found = true
+				if got := mf.GetMetric()[0].GetGauge().GetValue(); got != want {
+					t.Errorf("%s = %v, want %v", name, got, want)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s not registered", name)
+		}
+	}
+}
