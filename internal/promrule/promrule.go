@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"time"
 
+	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 )
 
@@ -83,6 +84,22 @@ const (
 	Namespace = "idrange"
 )
 
+// DecodeStrict decodes YAML the way the Kubernetes API server decodes a
+// manifest: field names match case-sensitively (sigs.k8s.io/json; the
+// standard library's encoding/json would accept "Expr" for "expr"), and an
+// unknown or duplicate field is an error.
+func DecodeStrict(data []byte, into any) error {
+	j, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return err
+	}
+	strictErrs, err := kjson.UnmarshalStrict(j, into)
+	if err != nil {
+		return err
+	}
+	return errors.Join(strictErrs...)
+}
+
 // Parse decodes a rules file strictly (unknown or duplicate fields fail)
 // and checks what Prometheus would refuse outright: a group without a name
 // or rules, duplicate group names, a rule that is not exactly one of record
@@ -90,7 +107,7 @@ const (
 // themselves are promtool's to check.
 func Parse(data []byte) (RulesFile, error) {
 	var f RulesFile
-	if err := yaml.UnmarshalStrict(data, &f); err != nil {
+	if err := DecodeStrict(data, &f); err != nil {
 		return f, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	if len(f.Groups) == 0 {

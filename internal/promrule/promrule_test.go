@@ -7,8 +7,6 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-
-	"sigs.k8s.io/yaml"
 )
 
 const (
@@ -74,7 +72,7 @@ func TestGenerate(t *testing.T) {
 		t.Fatalf("two generations differ (err %v)", err)
 	}
 	var pr PrometheusRule
-	if err := yaml.UnmarshalStrict(out, &pr); err != nil {
+	if err := DecodeStrict(out, &pr); err != nil {
 		t.Fatalf("generated resource does not decode strictly: %v\n%s", err, out)
 	}
 	f, _ := Parse([]byte(sample))
@@ -90,6 +88,7 @@ func TestGenerate(t *testing.T) {
 func TestParseRejects(t *testing.T) {
 	for _, tc := range []struct{ name, body, msg string }{
 		{"unknown field", "groups:\n  - name: a\n    rules:\n      - alert: A\n        expr: up\n        severity: page\n", "unknown field"},
+		{"field name case", "groups:\n  - name: a\n    rules:\n      - alert: A\n        Expr: up\n", "unknown field"},
 		{"duplicate key", "groups:\n  - name: a\n    name: b\n    rules: []\n", "already set"},
 		{"no groups", "groups: []\n", "no groups"},
 		{"unnamed group", "groups:\n  - rules:\n      - alert: A\n        expr: up\n", "no name"},
