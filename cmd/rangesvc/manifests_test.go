@@ -91,7 +91,10 @@ type manifests struct {
 	prometheusRules map[string]*promrule.PrometheusRule
 }
 
-var docSep = regexp.MustCompile(`(?m)^---[ \t]*$`)
+var (
+	docSep      = regexp.MustCompile(`(?m)^---[ \t]*$`)
+	commentLine = regexp.MustCompile(`(?m)^\s*#.*$`)
+)
 
 // decodeManifests decodes every document of every file strictly; kinds
 // other than the ones listed are refused.
@@ -122,15 +125,13 @@ func decodeManifests(files map[string][]byte) (*manifests, error) {
 	return m, nil
 }
 
-var errSkip = errors.New("no object")
-
 func (m *manifests) decode(doc []byte) error {
 	var tm metav1.TypeMeta
 	if err := yaml.Unmarshal(doc, &tm); err != nil {
 		return err
 	}
 	if tm.APIVersion == "" && tm.Kind == "" {
-		if strings.TrimSpace(regexp.MustCompile(`(?m)^\s*#.*$`).ReplaceAllString(string(doc), "")) == "" {
+		if strings.TrimSpace(commentLine.ReplaceAllString(string(doc), "")) == "" {
 			return nil // comments only
 		}
 		return errors.New("no apiVersion and kind")
