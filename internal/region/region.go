@@ -249,6 +249,10 @@ func (r *Region) start(addr string) error {
 		Interceptors: []grpc.UnaryServerInterceptor{r.timeRPC},
 		Logger:       r.cfg.Logger,
 		txns:         &r.txns,
+		// An in-process region's etcd is its own: the first replica
+		// initialises the region record (as rangesvc serve does on its
+		// embedded etcd).
+		InitRegion: true,
 
 		TLS:               r.cfg.TLS,
 		AllowedIdentities: r.cfg.AllowedIdentities,
