@@ -122,6 +122,10 @@ type ReplicaConfig struct {
 	RegistryPrefix        string
 	RegistryCheckInterval time.Duration
 
+	// sharedEtcd skips the region record: several in-process regions of
+	// different codes share one etcd (Config.SharedEtcd, a test model).
+	sharedEtcd bool
+
 	// txns, if set, counts the write Txns the store sends to etcd (Region's
 	// Counts.Txns).
 	txns *atomic.Uint64
@@ -179,14 +183,16 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 	if err := r.openSpace(); err != nil {
 		return nil, err
 	}
-	if r.ident, err = newIdentity(cfg); err != nil {
-		return nil, err
-	}
-	octx, cancel := context.WithTimeout(context.Background(), 3*cfg.EtcdTimeout)
-	err = r.ident.open(octx, cfg.InitRegion, cfg.Restored)
-	cancel()
-	if err != nil {
-		return nil, err
+	if !cfg.sharedEtcd {
+		if r.ident, err = newIdentity(cfg); err != nil {
+			return nil, err
+		}
+		octx, cancel := context.WithTimeout(context.Background(), 3*cfg.EtcdTimeout)
+		err = r.ident.open(octx, cfg.InitRegion, cfg.Restored)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
 	}
 	if r.store, err = openStore(cfg, r.metrics, r.ident); err != nil {
 		return nil, errors.Wrap(err, "segment store")
@@ -235,9 +241,12 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 // registerAdmin serves the AdminService (rangesvc admin) beside the
 // RangeService, over the replica's own store and etcd client.
 func registerAdmin(r *Replica) error {
-	adm, err := admin.New(admin.Config{Region: r.cfg.Region, Store: r.store, Etcd: r.cfg.Etcd,
-		Serving: r.svc.Serving, Clock: r.cfg.Clock, Logger: r.cfg.Logger,
-		RegionRecord: r.regionRecord, RestoreFence: r.restoreFence})
+	ac := admin.Config{Region: r.cfg.Region, Store: r.store, Etcd: r.cfg.Etcd,
+		Serving: r.svc.Serving, Clock: r.cfg.Clock, Logger: r.cfg.Logger}
+	if r.ident != nil {
+		ac.RegionRecord, ac.RestoreFence = r.regionRecord, r.restoreFence
+	}
+	adm, err := admin.New(ac)
 	if err != nil {
 		return err
 	}
@@ -287,6 +296,9 @@ func openStore(cfg ReplicaConfig, m *service.Metrics, id *identity) (*segment.St
 	if cfg.txns != nil {
 		bs = countingStorage{stg, cfg.txns}
 	}
+	if id == nil {
+		return segment.NewStore(bs, sc)
+	}
 	return segment.NewStore(guardStorage{bs, id}, sc)
 }
 
@@ -334,7 +346,9 @@ func (r *Replica) serviceConfig() service.Config {
 			if err := ProbeEtcd(ctx, cfg.Etcd, cfg.Prefix, cfg.EtcdTimeout); err != nil {
 				return err
 			}
-			if err := r.ident.check(ctx); err != nil {
+			if r.ident == nil {
+				// No region record (Config.SharedEtcd).
+			} else if err := r.ident.check(ctx); err != nil {
 				// The region record names another region, is corrupt or
 				// missing, a restore is pending, or the registry refuses.
 				return err
@@ -385,7 +399,7 @@ func (r *Replica) Serve(lis net.Listener) <-chan error {
 	if r.compact != nil {
 		wg.Go(func() { r.compact.Run(ctx) })
 	}
-	if r.ident.reg != nil {
+	if r.ident != nil && r.ident.reg != nil {
 		wg.Go(func() { r.ident.runRegistry(ctx) })
 	}
 	wg.Go(func() { r.svc.Run(ctx) })
