@@ -119,6 +119,9 @@ func checkAdoptable(ctx context.Context, cli *clientv3.Client, prefix string, re
 		return fmt.Errorf("list keys under %sr: %w", prefix, err)
 	}
 	for _, kv := range resp.Kvs {
+		if string(kv.Key) == Key(prefix) {
+			continue
+		}
 		if r, ok := parseRegionKey(string(kv.Key), prefix); !ok || r != region {
 			return fmt.Errorf("etcd has no region record but holds key %s, which is not region %d's: refusing to initialise it as region %d: %w", kv.Key, region, region, ErrMismatch)
 		}
