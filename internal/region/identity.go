@@ -54,6 +54,7 @@ type identity struct {
 	now      func() time.Time
 	log      *slog.Logger
 	interval time.Duration
+	timeout  time.Duration // bounds one registry call
 
 	maxRev atomic.Int64 // highest etcd revision observed
 
@@ -76,7 +77,7 @@ type identity struct {
 func newIdentity(cfg ReplicaConfig) (*identity, error) {
 	id := &identity{cli: cfg.Etcd, prefix: cfg.Prefix, region: cfg.Region, reg: cfg.RegistryEtcd,
 		regPfx: cfg.RegistryPrefix, now: cfg.Clock.Now, log: cfg.Logger.With("component", "region-identity"),
-		interval: cfg.RegistryCheckInterval}
+		interval: cfg.RegistryCheckInterval, timeout: cfg.EtcdTimeout}
 	if id.regPfx == "" {
 		id.regPfx = regionid.DefaultRegistryPrefix
 	}
@@ -121,7 +122,10 @@ func (id *identity) open(ctx context.Context, init, restored bool) error {
 		id.log.Error("restore pending: this replica grants nothing until `rangesvc admin restore-fence`", "reason", st.Record.RestoreReason)
 	}
 	if id.reg != nil {
-		if err := id.checkRegistry(ctx); err != nil {
+		rctx, cancel := context.WithTimeout(ctx, id.timeout)
+		err := id.checkRegistry(rctx)
+		cancel()
+		if err != nil {
 			return err
 		}
 	}
@@ -182,7 +186,7 @@ func (id *identity) runRegistry(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			cctx, cancel := context.WithTimeout(ctx, id.timeout)
 			_ = id.checkRegistry(cctx)
 			cancel()
 			id.update()
