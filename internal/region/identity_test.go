@@ -336,7 +336,7 @@ func TestRestoreFence(t *testing.T) {
 	// wait after the fence short (the codes are lifted lead + span + margin
 	// ahead; grants resume once the clock is within the lead of that);
 	// they still leave phase 2 many seconds ahead of the clock.
-	sc := segment.StoreConfig{Policy: segment.Policy{MaxBlock: 3000 * segment.PerMs, MaxLead: 6 * time.Second}}
+	sc := segment.StoreConfig{Policy: segment.Policy{MaxBlock: 2000 * segment.PerMs, MaxLead: 10 * time.Second}}
 	root := t.TempDir()
 	live := filepath.Join(root, "live")
 	e := embedetcdtest.StartConfig(t, embedetcd.Config{Dir: live})
@@ -395,7 +395,7 @@ func TestRestoreFence(t *testing.T) {
 		t.Fatalf("fence: %v", resp)
 	}
 	waitFor(t, 10*time.Second, "serving after the fence", func() bool { return rb.serving(t) })
-	third := mint(t, ctx, rb, 4, 9*time.Second)
+	third := mint(t, ctx, rb, 4, 8*time.Second)
 	if len(third) == 0 {
 		t.Fatal("no grant after the fence")
 	}
