@@ -439,3 +439,73 @@ func TestRestoreDetectedByClusterID(t *testing.T) {
 		t.Fatalf("record not marked pending: %+v, %v", st.Record, err)
 	}
 }
+
+// A running replica whose etcd is restored under it (same endpoint, same
+// cluster id: the copied data dir) notices that etcd's revision went back:
+// it grants nothing more, marks the record restore-pending, and serves
+// again after the fence, with every block of every phase disjoint.
+func TestRestoreDetectedByRevision(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + lis.Addr().String()
+	lis.Close()
+	sc := segment.StoreConfig{Policy: segment.Policy{MaxBlock: 1000 * segment.PerMs, MaxLead: 2 * time.Second}}
+	root := t.TempDir()
+	live, backup := filepath.Join(root, "live"), filepath.Join(root, "backup")
+	e := embedetcdtest.StartConfig(t, embedetcd.Config{Dir: live, ClientURL: url})
+	r := mustIDReplica(t, embedetcdtest.Client(t, e), region.ReplicaConfig{Region: 1, InitRegion: true, Store: sc})
+	spans := mint(t, ctx, r, 2, 0)
+	e.Stop()
+	copyDir(t, live, backup)
+	if err := e.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "serving after the etcd restart", func() bool { return r.serving(t) })
+	spans = append(spans, mint(t, ctx, r, 2, time.Second)...)
+
+	e.Stop()
+	if err := os.Rename(live, live+".lost"); err != nil {
+		t.Fatal(err)
+	}
+	copyDir(t, backup, live)
+	if err := e.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	granted := 0 // blocks handed out from the restored etcd before it was noticed: must be none
+	waitFor(t, 30*time.Second, "the revision rollback refused", func() bool {
+		b, err := r.grantOne(ctx)
+		if err == nil {
+			granted++
+			spans = append(spans, overlap.Span{Region: b.Region, Worker: b.Worker, Lo: b.Lo, Hi: b.Hi})
+		}
+		return errors.Is(err, regionid.ErrRestorePending)
+	})
+	if granted > 0 {
+		t.Errorf("%d blocks granted from the restored etcd before the rollback was noticed", granted)
+	}
+	cli := embedetcdtest.Client(t, e)
+	waitFor(t, 10*time.Second, "the record marked restore-pending", func() bool {
+		st, err := regionid.Read(ctx, cli, etcdstore.DefaultPrefix)
+		return err == nil && st.Record.RestorePending && strings.Contains(st.Record.RestoreReason, "revision went back")
+	})
+	if r.serving(t) {
+		t.Fatal("serving while a restore is pending")
+	}
+	adm := idrangev1.NewAdminServiceClient(regiontest.Dial(t, r.addr))
+	if _, err := adm.RestoreFence(ctx, &idrangev1.RestoreFenceRequest{MarginMs: 200}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "serving after the fence", func() bool { return r.serving(t) })
+	third := mint(t, ctx, r, 2, 6*time.Second)
+	if len(third) == 0 {
+		t.Fatal("no grant after the fence")
+	}
+	all := append(spans, third...)
+	if p := overlap.Find(all); len(p) > 0 {
+		t.Fatalf("%d blocks overlap, e.g. %+v and %+v", len(p), all[p[0].Earlier], all[p[0].Later])
+	}
+}
