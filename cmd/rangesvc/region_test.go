@@ -99,7 +99,7 @@ func TestAdminRegionStatusAndRestoreFence(t *testing.T) {
 	out := adminTable(t, []string{"codes lifted", "256", "fenced to"}, "restore-fence", "--target", tgt, "--margin", "100ms")
 	t.Logf("restore-fence:\n%s", out)
 	st = adminJSON[statusJSON](t, "status", "--target", tgt)
-	if st.RegionRecord.Fenced == nil || st.RegionRecord.RestorePending || st.MaxHWMLeadMs < 1000 {
+	if st.RegionRecord.Fenced == nil || st.RegionRecord.RestorePending || st.MaxHWMLeadMs < 500 {
 		t.Fatalf("after the fence: %+v, max lead %d ms", st.RegionRecord, st.MaxHWMLeadMs)
 	}
 	if code, _, errs := runCmd("admin", "restore-fence", "--target", tgt, "--margin", "1h"); code != cli.ExitUsage || !strings.Contains(errs, "--margin") {
