@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/tls"
+	"errors"
 	"flag"
 	"fmt"
 	"strings"
@@ -11,6 +13,7 @@ import (
 	"github.com/idrange/idrange/internal/region"
 	"github.com/idrange/idrange/internal/regionid"
 	"github.com/idrange/idrange/segment/etcdstore"
+	"github.com/idrange/idrange/tlsfiles"
 )
 
 // regionFlags are serve's region identity flags (docs/operations.md,
@@ -32,6 +35,15 @@ type regionFlags struct {
 	RegistryEtcd          []string
 	RegistryPrefix        string
 	RegistryCheckInterval time.Duration
+	// RegistryCACert, RegistryCert, RegistryKey (--registry-cacert,
+	// --registry-cert, --registry-key) are TLS to the registry, as the
+	// --etcd-* options are to the region's etcd; any of them (or an
+	// https:// endpoint) turns TLS on.
+	RegistryCACert, RegistryCert, RegistryKey string
+
+	// registryTLS is what validate loaded (allocated by register, so
+	// copies of the flags share it).
+	registryTLS **tls.Config
 }
 
 func (f *regionFlags) register(fs *flag.FlagSet) {
@@ -51,6 +63,10 @@ func (f *regionFlags) register(fs *flag.FlagSet) {
 	})
 	fs.StringVar(&f.RegistryPrefix, "registry-prefix", regionid.DefaultRegistryPrefix, "key prefix of region claims in the registry etcd")
 	fs.DurationVar(&f.RegistryCheckInterval, "registry-check-interval", region.DefaultRegistryCheckInterval, "how often the registry claim is confirmed")
+	fs.StringVar(&f.RegistryCACert, "registry-cacert", "", "PEM CA bundle that verifies the registry etcd's certificate")
+	fs.StringVar(&f.RegistryCert, "registry-cert", "", "PEM client certificate for the registry etcd")
+	fs.StringVar(&f.RegistryKey, "registry-key", "", "PEM key of --registry-cert")
+	f.registryTLS = new(*tls.Config)
 }
 
 func (f regionFlags) validate() error {
@@ -65,6 +81,29 @@ func (f regionFlags) validate() error {
 	if f.RegistryCheckInterval < time.Second {
 		return fmt.Errorf("--registry-check-interval %v must be at least 1s", f.RegistryCheckInterval)
 	}
+	https := false
+	for _, e := range f.RegistryEtcd {
+		https = https || strings.HasPrefix(e, "https://")
+	}
+	tlsSet := f.RegistryCACert != "" || f.RegistryCert != "" || f.RegistryKey != ""
+	switch {
+	case tlsSet && len(f.RegistryEtcd) == 0:
+		return fmt.Errorf("--registry-cacert, --registry-cert and --registry-key need --registry-etcd")
+	case !tlsSet && !https:
+		return nil
+	}
+	tc, err := tlsfiles.Files{Cert: f.RegistryCert, Key: f.RegistryKey, CA: f.RegistryCACert}.ClientConfig()
+	if err != nil {
+		var fe *tlsfiles.FileError
+		if errors.As(err, &fe) {
+			flag := map[string]string{"cert": "--registry-cert", "key": "--registry-key", "ca": "--registry-cacert"}[fe.Role]
+			return fmt.Errorf("%s: %v", flag, err)
+		}
+		return fmt.Errorf("registry TLS: %v", err)
+	}
+	if f.registryTLS != nil {
+		*f.registryTLS = tc
+	}
 	return nil
 }
 
@@ -75,7 +114,11 @@ func (f regionFlags) openRegistry(timeout time.Duration) (*clientv3.Client, erro
 	if len(f.RegistryEtcd) == 0 {
 		return nil, nil
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: f.RegistryEtcd, DialTimeout: timeout})
+	cfg := clientv3.Config{Endpoints: f.RegistryEtcd, DialTimeout: timeout}
+	if f.registryTLS != nil {
+		cfg.TLS = *f.registryTLS
+	}
+	cli, err := clientv3.New(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("--registry-etcd %s: %w", strings.Join(f.RegistryEtcd, ","), err)
 	}

@@ -72,6 +72,8 @@ func TestRegionFlagsBad(t *testing.T) {
 		{[]string{"--registry-etcd", ","}, "no endpoints"},
 		{[]string{"--registry-prefix", "reg"}, "--registry-prefix"},
 		{[]string{"--registry-check-interval", "10ms"}, "--registry-check-interval"},
+		{[]string{"--registry-cacert", "/nonexistent/ca.crt"}, "need --registry-etcd"},
+		{[]string{"--registry-etcd", "127.0.0.1:2379", "--registry-cacert", "/nonexistent/ca.crt"}, "--registry-cacert: "},
 	} {
 		code, _, errs := runCmd(append([]string{"serve", "--region", "1"}, tc.args...)...)
 		if code != cli.ExitUsage || !strings.Contains(errs, tc.want) {
