@@ -256,7 +256,7 @@ func TestRealDesignCase5Fleet(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, regions*perRegion)
 	for r := range regions {
-		rep := regiontest.Start(t, region.Config{Region: r, Etcd: etcd})
+		rep := regiontest.Start(t, region.Config{Region: r, Etcd: etcd, SharedEtcd: true})
 		alloc := regiontest.Allocator(t, rep) // one gRPC connection per region, shared by its 200 clients
 		clients[r] = make([]*Client, perRegion)
 		for i := range perRegion {

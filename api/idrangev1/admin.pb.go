@@ -63,23 +63,26 @@ func (*StatusRequest) Descriptor() ([]byte, []int) {
 }
 
 type StatusResponse struct {
-	state            protoimpl.MessageState `protogen:"open.v1"`
-	Region           uint32                 `protobuf:"varint,1,opt,name=region,proto3" json:"region,omitempty"`                                                 // the region the replica serves
-	Serving          bool                   `protobuf:"varint,2,opt,name=serving,proto3" json:"serving,omitempty"`                                               // the answering replica's health (SERVING)
-	NowUnixMs        int64                  `protobuf:"varint,3,opt,name=now_unix_ms,json=nowUnixMs,proto3" json:"now_unix_ms,omitempty"`                        // the replica's service clock when it answered
-	FreeCodes        uint32                 `protobuf:"varint,4,opt,name=free_codes,json=freeCodes,proto3" json:"free_codes,omitempty"`                          // codes an acquire could hand out now
-	HeldCodes        uint32                 `protobuf:"varint,5,opt,name=held_codes,json=heldCodes,proto3" json:"held_codes,omitempty"`                          // codes with a live lease
-	CorruptCodes     uint32                 `protobuf:"varint,6,opt,name=corrupt_codes,json=corruptCodes,proto3" json:"corrupt_codes,omitempty"`                 // codes stopped by a high-water mark that does not decode
-	MaxHwmLeadMs     int64                  `protobuf:"varint,7,opt,name=max_hwm_lead_ms,json=maxHwmLeadMs,proto3" json:"max_hwm_lead_ms,omitempty"`             // largest (HWM timestamp - now) over all codes; may be negative
-	MaxHwmLeadWorker int32                  `protobuf:"varint,8,opt,name=max_hwm_lead_worker,json=maxHwmLeadWorker,proto3" json:"max_hwm_lead_worker,omitempty"` // the code with that lead; -1: no code has a HWM
-	EpochLifeLeftMs  int64                  `protobuf:"varint,9,opt,name=epoch_life_left_ms,json=epochLifeLeftMs,proto3" json:"epoch_life_left_ms,omitempty"`    // time until the last millisecond of the ID layout
-	EpochEndUnixMs   int64                  `protobuf:"varint,10,opt,name=epoch_end_unix_ms,json=epochEndUnixMs,proto3" json:"epoch_end_unix_ms,omitempty"`      // that last millisecond
-	EtcdEndpoints    []string               `protobuf:"bytes,11,rep,name=etcd_endpoints,json=etcdEndpoints,proto3" json:"etcd_endpoints,omitempty"`
-	EtcdMembers      []*EtcdMember          `protobuf:"bytes,12,rep,name=etcd_members,json=etcdMembers,proto3" json:"etcd_members,omitempty"`
-	Alarms           []*Alarm               `protobuf:"bytes,13,rep,name=alarms,proto3" json:"alarms,omitempty"`
-	StoreRevision    int64                  `protobuf:"varint,14,opt,name=store_revision,json=storeRevision,proto3" json:"store_revision,omitempty"` // etcd revision the code view was read at
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	Region            uint32                 `protobuf:"varint,1,opt,name=region,proto3" json:"region,omitempty"`                                                 // the region the replica serves
+	Serving           bool                   `protobuf:"varint,2,opt,name=serving,proto3" json:"serving,omitempty"`                                               // the answering replica's health (SERVING)
+	NowUnixMs         int64                  `protobuf:"varint,3,opt,name=now_unix_ms,json=nowUnixMs,proto3" json:"now_unix_ms,omitempty"`                        // the replica's service clock when it answered
+	FreeCodes         uint32                 `protobuf:"varint,4,opt,name=free_codes,json=freeCodes,proto3" json:"free_codes,omitempty"`                          // codes an acquire could hand out now
+	HeldCodes         uint32                 `protobuf:"varint,5,opt,name=held_codes,json=heldCodes,proto3" json:"held_codes,omitempty"`                          // codes with a live lease
+	CorruptCodes      uint32                 `protobuf:"varint,6,opt,name=corrupt_codes,json=corruptCodes,proto3" json:"corrupt_codes,omitempty"`                 // codes stopped by a high-water mark that does not decode
+	MaxHwmLeadMs      int64                  `protobuf:"varint,7,opt,name=max_hwm_lead_ms,json=maxHwmLeadMs,proto3" json:"max_hwm_lead_ms,omitempty"`             // largest (HWM timestamp - now) over all codes; may be negative
+	MaxHwmLeadWorker  int32                  `protobuf:"varint,8,opt,name=max_hwm_lead_worker,json=maxHwmLeadWorker,proto3" json:"max_hwm_lead_worker,omitempty"` // the code with that lead; -1: no code has a HWM
+	EpochLifeLeftMs   int64                  `protobuf:"varint,9,opt,name=epoch_life_left_ms,json=epochLifeLeftMs,proto3" json:"epoch_life_left_ms,omitempty"`    // time until the last millisecond of the ID layout
+	EpochEndUnixMs    int64                  `protobuf:"varint,10,opt,name=epoch_end_unix_ms,json=epochEndUnixMs,proto3" json:"epoch_end_unix_ms,omitempty"`      // that last millisecond
+	EtcdEndpoints     []string               `protobuf:"bytes,11,rep,name=etcd_endpoints,json=etcdEndpoints,proto3" json:"etcd_endpoints,omitempty"`
+	EtcdMembers       []*EtcdMember          `protobuf:"bytes,12,rep,name=etcd_members,json=etcdMembers,proto3" json:"etcd_members,omitempty"`
+	Alarms            []*Alarm               `protobuf:"bytes,13,rep,name=alarms,proto3" json:"alarms,omitempty"`
+	StoreRevision     int64                  `protobuf:"varint,14,opt,name=store_revision,json=storeRevision,proto3" json:"store_revision,omitempty"`              // etcd revision the code view was read at
+	RegionRecord      *RegionRecord          `protobuf:"bytes,15,opt,name=region_record,json=regionRecord,proto3" json:"region_record,omitempty"`                  // the region record in etcd; unset if it could not be read
+	RegionRecordError string                 `protobuf:"bytes,16,opt,name=region_record_error,json=regionRecordError,proto3" json:"region_record_error,omitempty"` // why the record could not be read or does not match
+	RegionCheck       string                 `protobuf:"bytes,17,opt,name=region_check,json=regionCheck,proto3" json:"region_check,omitempty"`                     // the answering replica's last region check: "ok" or the reason it refuses
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -210,6 +213,272 @@ func (x *StatusResponse) GetStoreRevision() int64 {
 	return 0
 }
 
+func (x *StatusResponse) GetRegionRecord() *RegionRecord {
+	if x != nil {
+		return x.RegionRecord
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetRegionRecordError() string {
+	if x != nil {
+		return x.RegionRecordError
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetRegionCheck() string {
+	if x != nil {
+		return x.RegionCheck
+	}
+	return ""
+}
+
+// RegionRecord is the region's identity record (<prefix>region in etcd).
+type RegionRecord struct {
+	state                 protoimpl.MessageState `protogen:"open.v1"`
+	Version               uint32                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Region                uint32                 `protobuf:"varint,2,opt,name=region,proto3" json:"region,omitempty"`
+	RegionId              string                 `protobuf:"bytes,3,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"` // random, written once by the region's first start
+	CreatedUnixMs         int64                  `protobuf:"varint,4,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	Layout                uint32                 `protobuf:"varint,5,opt,name=layout,proto3" json:"layout,omitempty"`                                                                // ID layout version (docs/layout.md)
+	EtcdClusterId         string                 `protobuf:"bytes,6,opt,name=etcd_cluster_id,json=etcdClusterId,proto3" json:"etcd_cluster_id,omitempty"`                            // hex; the cluster the record was written or last fenced on
+	RegistryClaimedUnixMs int64                  `protobuf:"varint,7,opt,name=registry_claimed_unix_ms,json=registryClaimedUnixMs,proto3" json:"registry_claimed_unix_ms,omitempty"` // 0: no confirmed registry claim
+	RegistryClusterId     string                 `protobuf:"bytes,8,opt,name=registry_cluster_id,json=registryClusterId,proto3" json:"registry_cluster_id,omitempty"`                // hex; the registry the claim was confirmed on
+	RestorePending        bool                   `protobuf:"varint,9,opt,name=restore_pending,json=restorePending,proto3" json:"restore_pending,omitempty"`                          // replicas refuse to grant until a restore fence
+	RestoreReason         string                 `protobuf:"bytes,10,opt,name=restore_reason,json=restoreReason,proto3" json:"restore_reason,omitempty"`
+	RestoreSinceUnixMs    int64                  `protobuf:"varint,11,opt,name=restore_since_unix_ms,json=restoreSinceUnixMs,proto3" json:"restore_since_unix_ms,omitempty"`
+	FencedUnixMs          int64                  `protobuf:"varint,12,opt,name=fenced_unix_ms,json=fencedUnixMs,proto3" json:"fenced_unix_ms,omitempty"`         // last restore fence; 0: never
+	FencedToUnixMs        int64                  `protobuf:"varint,13,opt,name=fenced_to_unix_ms,json=fencedToUnixMs,proto3" json:"fenced_to_unix_ms,omitempty"` // every high-water mark was lifted to at least this time
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
+}
+
+func (x *RegionRecord) Reset() {
+	*x = RegionRecord{}
+	mi := &file_admin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionRecord) ProtoMessage() {}
+
+func (x *RegionRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionRecord.ProtoReflect.Descriptor instead.
+func (*RegionRecord) Descriptor() ([]byte, []int) {
+	return file_admin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RegionRecord) GetVersion() uint32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *RegionRecord) GetRegion() uint32 {
+	if x != nil {
+		return x.Region
+	}
+	return 0
+}
+
+func (x *RegionRecord) GetRegionId() string {
+	if x != nil {
+		return x.RegionId
+	}
+	return ""
+}
+
+func (x *RegionRecord) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
+}
+
+func (x *RegionRecord) GetLayout() uint32 {
+	if x != nil {
+		return x.Layout
+	}
+	return 0
+}
+
+func (x *RegionRecord) GetEtcdClusterId() string {
+	if x != nil {
+		return x.EtcdClusterId
+	}
+	return ""
+}
+
+func (x *RegionRecord) GetRegistryClaimedUnixMs() int64 {
+	if x != nil {
+		return x.RegistryClaimedUnixMs
+	}
+	return 0
+}
+
+func (x *RegionRecord) GetRegistryClusterId() string {
+	if x != nil {
+		return x.RegistryClusterId
+	}
+	return ""
+}
+
+func (x *RegionRecord) GetRestorePending() bool {
+	if x != nil {
+		return x.RestorePending
+	}
+	return false
+}
+
+func (x *RegionRecord) GetRestoreReason() string {
+	if x != nil {
+		return x.RestoreReason
+	}
+	return ""
+}
+
+func (x *RegionRecord) GetRestoreSinceUnixMs() int64 {
+	if x != nil {
+		return x.RestoreSinceUnixMs
+	}
+	return 0
+}
+
+func (x *RegionRecord) GetFencedUnixMs() int64 {
+	if x != nil {
+		return x.FencedUnixMs
+	}
+	return 0
+}
+
+func (x *RegionRecord) GetFencedToUnixMs() int64 {
+	if x != nil {
+		return x.FencedToUnixMs
+	}
+	return 0
+}
+
+type RestoreFenceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MarginMs      int64                  `protobuf:"varint,1,opt,name=margin_ms,json=marginMs,proto3" json:"margin_ms,omitempty"` // added to max lead + max block span; 0: the default (5000)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreFenceRequest) Reset() {
+	*x = RestoreFenceRequest{}
+	mi := &file_admin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreFenceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreFenceRequest) ProtoMessage() {}
+
+func (x *RestoreFenceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreFenceRequest.ProtoReflect.Descriptor instead.
+func (*RestoreFenceRequest) Descriptor() ([]byte, []int) {
+	return file_admin_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RestoreFenceRequest) GetMarginMs() int64 {
+	if x != nil {
+		return x.MarginMs
+	}
+	return 0
+}
+
+type RestoreFenceResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Record        *RegionRecord          `protobuf:"bytes,1,opt,name=record,proto3" json:"record,omitempty"`                               // the record after the fence
+	CodesLifted   uint32                 `protobuf:"varint,2,opt,name=codes_lifted,json=codesLifted,proto3" json:"codes_lifted,omitempty"` // codes whose high-water mark was raised
+	Transactions  uint32                 `protobuf:"varint,3,opt,name=transactions,proto3" json:"transactions,omitempty"`                  // etcd transactions the lift took
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreFenceResponse) Reset() {
+	*x = RestoreFenceResponse{}
+	mi := &file_admin_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreFenceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreFenceResponse) ProtoMessage() {}
+
+func (x *RestoreFenceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreFenceResponse.ProtoReflect.Descriptor instead.
+func (*RestoreFenceResponse) Descriptor() ([]byte, []int) {
+	return file_admin_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *RestoreFenceResponse) GetRecord() *RegionRecord {
+	if x != nil {
+		return x.Record
+	}
+	return nil
+}
+
+func (x *RestoreFenceResponse) GetCodesLifted() uint32 {
+	if x != nil {
+		return x.CodesLifted
+	}
+	return 0
+}
+
+func (x *RestoreFenceResponse) GetTransactions() uint32 {
+	if x != nil {
+		return x.Transactions
+	}
+	return 0
+}
+
 // EtcdMember is one etcd endpoint's Maintenance Status.
 type EtcdMember struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
@@ -228,7 +497,7 @@ type EtcdMember struct {
 
 func (x *EtcdMember) Reset() {
 	*x = EtcdMember{}
-	mi := &file_admin_proto_msgTypes[2]
+	mi := &file_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -240,7 +509,7 @@ func (x *EtcdMember) String() string {
 func (*EtcdMember) ProtoMessage() {}
 
 func (x *EtcdMember) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[2]
+	mi := &file_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -253,7 +522,7 @@ func (x *EtcdMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EtcdMember.ProtoReflect.Descriptor instead.
 func (*EtcdMember) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{2}
+	return file_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *EtcdMember) GetEndpoint() string {
@@ -330,7 +599,7 @@ type Alarm struct {
 
 func (x *Alarm) Reset() {
 	*x = Alarm{}
-	mi := &file_admin_proto_msgTypes[3]
+	mi := &file_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -342,7 +611,7 @@ func (x *Alarm) String() string {
 func (*Alarm) ProtoMessage() {}
 
 func (x *Alarm) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[3]
+	mi := &file_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -355,7 +624,7 @@ func (x *Alarm) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Alarm.ProtoReflect.Descriptor instead.
 func (*Alarm) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{3}
+	return file_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Alarm) GetMemberId() uint64 {
@@ -380,7 +649,7 @@ type ListLeasesRequest struct {
 
 func (x *ListLeasesRequest) Reset() {
 	*x = ListLeasesRequest{}
-	mi := &file_admin_proto_msgTypes[4]
+	mi := &file_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -392,7 +661,7 @@ func (x *ListLeasesRequest) String() string {
 func (*ListLeasesRequest) ProtoMessage() {}
 
 func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[4]
+	mi := &file_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -405,7 +674,7 @@ func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{4}
+	return file_admin_proto_rawDescGZIP(), []int{7}
 }
 
 type ListLeasesResponse struct {
@@ -420,7 +689,7 @@ type ListLeasesResponse struct {
 
 func (x *ListLeasesResponse) Reset() {
 	*x = ListLeasesResponse{}
-	mi := &file_admin_proto_msgTypes[5]
+	mi := &file_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -432,7 +701,7 @@ func (x *ListLeasesResponse) String() string {
 func (*ListLeasesResponse) ProtoMessage() {}
 
 func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[5]
+	mi := &file_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -445,7 +714,7 @@ func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{5}
+	return file_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListLeasesResponse) GetRegion() uint32 {
@@ -496,7 +765,7 @@ type LeaseRow struct {
 
 func (x *LeaseRow) Reset() {
 	*x = LeaseRow{}
-	mi := &file_admin_proto_msgTypes[6]
+	mi := &file_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -508,7 +777,7 @@ func (x *LeaseRow) String() string {
 func (*LeaseRow) ProtoMessage() {}
 
 func (x *LeaseRow) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[6]
+	mi := &file_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -521,7 +790,7 @@ func (x *LeaseRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseRow.ProtoReflect.Descriptor instead.
 func (*LeaseRow) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{6}
+	return file_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *LeaseRow) GetWorker() uint32 {
@@ -611,7 +880,7 @@ type FenceRequest struct {
 
 func (x *FenceRequest) Reset() {
 	*x = FenceRequest{}
-	mi := &file_admin_proto_msgTypes[7]
+	mi := &file_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -623,7 +892,7 @@ func (x *FenceRequest) String() string {
 func (*FenceRequest) ProtoMessage() {}
 
 func (x *FenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[7]
+	mi := &file_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -636,7 +905,7 @@ func (x *FenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
 func (*FenceRequest) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{7}
+	return file_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *FenceRequest) GetWorker() uint32 {
@@ -662,7 +931,7 @@ type FenceResponse struct {
 
 func (x *FenceResponse) Reset() {
 	*x = FenceResponse{}
-	mi := &file_admin_proto_msgTypes[8]
+	mi := &file_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -674,7 +943,7 @@ func (x *FenceResponse) String() string {
 func (*FenceResponse) ProtoMessage() {}
 
 func (x *FenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[8]
+	mi := &file_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -687,7 +956,7 @@ func (x *FenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceResponse.ProtoReflect.Descriptor instead.
 func (*FenceResponse) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{8}
+	return file_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *FenceResponse) GetFenced() *LeaseRow {
@@ -705,7 +974,7 @@ type ListAlarmsRequest struct {
 
 func (x *ListAlarmsRequest) Reset() {
 	*x = ListAlarmsRequest{}
-	mi := &file_admin_proto_msgTypes[9]
+	mi := &file_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -717,7 +986,7 @@ func (x *ListAlarmsRequest) String() string {
 func (*ListAlarmsRequest) ProtoMessage() {}
 
 func (x *ListAlarmsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[9]
+	mi := &file_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -730,7 +999,7 @@ func (x *ListAlarmsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAlarmsRequest.ProtoReflect.Descriptor instead.
 func (*ListAlarmsRequest) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{9}
+	return file_admin_proto_rawDescGZIP(), []int{12}
 }
 
 type ListAlarmsResponse struct {
@@ -742,7 +1011,7 @@ type ListAlarmsResponse struct {
 
 func (x *ListAlarmsResponse) Reset() {
 	*x = ListAlarmsResponse{}
-	mi := &file_admin_proto_msgTypes[10]
+	mi := &file_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -754,7 +1023,7 @@ func (x *ListAlarmsResponse) String() string {
 func (*ListAlarmsResponse) ProtoMessage() {}
 
 func (x *ListAlarmsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[10]
+	mi := &file_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -767,7 +1036,7 @@ func (x *ListAlarmsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAlarmsResponse.ProtoReflect.Descriptor instead.
 func (*ListAlarmsResponse) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{10}
+	return file_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListAlarmsResponse) GetAlarms() []*Alarm {
@@ -787,7 +1056,7 @@ type DisarmAlarmRequest struct {
 
 func (x *DisarmAlarmRequest) Reset() {
 	*x = DisarmAlarmRequest{}
-	mi := &file_admin_proto_msgTypes[11]
+	mi := &file_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -799,7 +1068,7 @@ func (x *DisarmAlarmRequest) String() string {
 func (*DisarmAlarmRequest) ProtoMessage() {}
 
 func (x *DisarmAlarmRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[11]
+	mi := &file_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -812,7 +1081,7 @@ func (x *DisarmAlarmRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DisarmAlarmRequest.ProtoReflect.Descriptor instead.
 func (*DisarmAlarmRequest) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{11}
+	return file_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DisarmAlarmRequest) GetType() string {
@@ -839,7 +1108,7 @@ type DisarmAlarmResponse struct {
 
 func (x *DisarmAlarmResponse) Reset() {
 	*x = DisarmAlarmResponse{}
-	mi := &file_admin_proto_msgTypes[12]
+	mi := &file_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -851,7 +1120,7 @@ func (x *DisarmAlarmResponse) String() string {
 func (*DisarmAlarmResponse) ProtoMessage() {}
 
 func (x *DisarmAlarmResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[12]
+	mi := &file_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -864,7 +1133,7 @@ func (x *DisarmAlarmResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DisarmAlarmResponse.ProtoReflect.Descriptor instead.
 func (*DisarmAlarmResponse) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{12}
+	return file_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DisarmAlarmResponse) GetDisarmed() []*Alarm {
@@ -887,7 +1156,7 @@ const file_admin_proto_rawDesc = "" +
 	"\n" +
 	"\vadmin.proto\x12\n" +
 	"idrange.v1\"\x0f\n" +
-	"\rStatusRequest\"\xa7\x04\n" +
+	"\rStatusRequest\"\xb9\x05\n" +
 	"\x0eStatusResponse\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x18\n" +
 	"\aserving\x18\x02 \x01(\bR\aserving\x12\x1e\n" +
@@ -905,7 +1174,31 @@ const file_admin_proto_rawDesc = "" +
 	"\x0eetcd_endpoints\x18\v \x03(\tR\retcdEndpoints\x129\n" +
 	"\fetcd_members\x18\f \x03(\v2\x16.idrange.v1.EtcdMemberR\vetcdMembers\x12)\n" +
 	"\x06alarms\x18\r \x03(\v2\x11.idrange.v1.AlarmR\x06alarms\x12%\n" +
-	"\x0estore_revision\x18\x0e \x01(\x03R\rstoreRevision\"\xa4\x02\n" +
+	"\x0estore_revision\x18\x0e \x01(\x03R\rstoreRevision\x12=\n" +
+	"\rregion_record\x18\x0f \x01(\v2\x18.idrange.v1.RegionRecordR\fregionRecord\x12.\n" +
+	"\x13region_record_error\x18\x10 \x01(\tR\x11regionRecordError\x12!\n" +
+	"\fregion_check\x18\x11 \x01(\tR\vregionCheck\"\x82\x04\n" +
+	"\fRegionRecord\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\rR\aversion\x12\x16\n" +
+	"\x06region\x18\x02 \x01(\rR\x06region\x12\x1b\n" +
+	"\tregion_id\x18\x03 \x01(\tR\bregionId\x12&\n" +
+	"\x0fcreated_unix_ms\x18\x04 \x01(\x03R\rcreatedUnixMs\x12\x16\n" +
+	"\x06layout\x18\x05 \x01(\rR\x06layout\x12&\n" +
+	"\x0fetcd_cluster_id\x18\x06 \x01(\tR\retcdClusterId\x127\n" +
+	"\x18registry_claimed_unix_ms\x18\a \x01(\x03R\x15registryClaimedUnixMs\x12.\n" +
+	"\x13registry_cluster_id\x18\b \x01(\tR\x11registryClusterId\x12'\n" +
+	"\x0frestore_pending\x18\t \x01(\bR\x0erestorePending\x12%\n" +
+	"\x0erestore_reason\x18\n" +
+	" \x01(\tR\rrestoreReason\x121\n" +
+	"\x15restore_since_unix_ms\x18\v \x01(\x03R\x12restoreSinceUnixMs\x12$\n" +
+	"\x0efenced_unix_ms\x18\f \x01(\x03R\ffencedUnixMs\x12)\n" +
+	"\x11fenced_to_unix_ms\x18\r \x01(\x03R\x0efencedToUnixMs\"2\n" +
+	"\x13RestoreFenceRequest\x12\x1b\n" +
+	"\tmargin_ms\x18\x01 \x01(\x03R\bmarginMs\"\x8f\x01\n" +
+	"\x14RestoreFenceResponse\x120\n" +
+	"\x06record\x18\x01 \x01(\v2\x18.idrange.v1.RegionRecordR\x06record\x12!\n" +
+	"\fcodes_lifted\x18\x02 \x01(\rR\vcodesLifted\x12\"\n" +
+	"\ftransactions\x18\x03 \x01(\rR\ftransactions\"\xa4\x02\n" +
 	"\n" +
 	"EtcdMember\x12\x1a\n" +
 	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12\x1b\n" +
@@ -952,7 +1245,7 @@ const file_admin_proto_rawDesc = "" +
 	"\tmember_id\x18\x02 \x01(\x04R\bmemberId\"o\n" +
 	"\x13DisarmAlarmResponse\x12-\n" +
 	"\bdisarmed\x18\x01 \x03(\v2\x11.idrange.v1.AlarmR\bdisarmed\x12)\n" +
-	"\x06alarms\x18\x02 \x03(\v2\x11.idrange.v1.AlarmR\x06alarms2\xf7\x02\n" +
+	"\x06alarms\x18\x02 \x03(\v2\x11.idrange.v1.AlarmR\x06alarms2\xca\x03\n" +
 	"\fAdminService\x12?\n" +
 	"\x06Status\x12\x19.idrange.v1.StatusRequest\x1a\x1a.idrange.v1.StatusResponse\x12K\n" +
 	"\n" +
@@ -960,7 +1253,8 @@ const file_admin_proto_rawDesc = "" +
 	"\x05Fence\x12\x18.idrange.v1.FenceRequest\x1a\x19.idrange.v1.FenceResponse\x12K\n" +
 	"\n" +
 	"ListAlarms\x12\x1d.idrange.v1.ListAlarmsRequest\x1a\x1e.idrange.v1.ListAlarmsResponse\x12N\n" +
-	"\vDisarmAlarm\x12\x1e.idrange.v1.DisarmAlarmRequest\x1a\x1f.idrange.v1.DisarmAlarmResponseB4Z2github.com/idrange/idrange/api/idrangev1;idrangev1b\x06proto3"
+	"\vDisarmAlarm\x12\x1e.idrange.v1.DisarmAlarmRequest\x1a\x1f.idrange.v1.DisarmAlarmResponse\x12Q\n" +
+	"\fRestoreFence\x12\x1f.idrange.v1.RestoreFenceRequest\x1a .idrange.v1.RestoreFenceResponseB4Z2github.com/idrange/idrange/api/idrangev1;idrangev1b\x06proto3"
 
 var (
 	file_admin_proto_rawDescOnce sync.Once
@@ -974,45 +1268,52 @@ func file_admin_proto_rawDescGZIP() []byte {
 	return file_admin_proto_rawDescData
 }
 
-var file_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_admin_proto_goTypes = []any{
-	(*StatusRequest)(nil),       // 0: idrange.v1.StatusRequest
-	(*StatusResponse)(nil),      // 1: idrange.v1.StatusResponse
-	(*EtcdMember)(nil),          // 2: idrange.v1.EtcdMember
-	(*Alarm)(nil),               // 3: idrange.v1.Alarm
-	(*ListLeasesRequest)(nil),   // 4: idrange.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil),  // 5: idrange.v1.ListLeasesResponse
-	(*LeaseRow)(nil),            // 6: idrange.v1.LeaseRow
-	(*FenceRequest)(nil),        // 7: idrange.v1.FenceRequest
-	(*FenceResponse)(nil),       // 8: idrange.v1.FenceResponse
-	(*ListAlarmsRequest)(nil),   // 9: idrange.v1.ListAlarmsRequest
-	(*ListAlarmsResponse)(nil),  // 10: idrange.v1.ListAlarmsResponse
-	(*DisarmAlarmRequest)(nil),  // 11: idrange.v1.DisarmAlarmRequest
-	(*DisarmAlarmResponse)(nil), // 12: idrange.v1.DisarmAlarmResponse
+	(*StatusRequest)(nil),        // 0: idrange.v1.StatusRequest
+	(*StatusResponse)(nil),       // 1: idrange.v1.StatusResponse
+	(*RegionRecord)(nil),         // 2: idrange.v1.RegionRecord
+	(*RestoreFenceRequest)(nil),  // 3: idrange.v1.RestoreFenceRequest
+	(*RestoreFenceResponse)(nil), // 4: idrange.v1.RestoreFenceResponse
+	(*EtcdMember)(nil),           // 5: idrange.v1.EtcdMember
+	(*Alarm)(nil),                // 6: idrange.v1.Alarm
+	(*ListLeasesRequest)(nil),    // 7: idrange.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),   // 8: idrange.v1.ListLeasesResponse
+	(*LeaseRow)(nil),             // 9: idrange.v1.LeaseRow
+	(*FenceRequest)(nil),         // 10: idrange.v1.FenceRequest
+	(*FenceResponse)(nil),        // 11: idrange.v1.FenceResponse
+	(*ListAlarmsRequest)(nil),    // 12: idrange.v1.ListAlarmsRequest
+	(*ListAlarmsResponse)(nil),   // 13: idrange.v1.ListAlarmsResponse
+	(*DisarmAlarmRequest)(nil),   // 14: idrange.v1.DisarmAlarmRequest
+	(*DisarmAlarmResponse)(nil),  // 15: idrange.v1.DisarmAlarmResponse
 }
 var file_admin_proto_depIdxs = []int32{
-	2,  // 0: idrange.v1.StatusResponse.etcd_members:type_name -> idrange.v1.EtcdMember
-	3,  // 1: idrange.v1.StatusResponse.alarms:type_name -> idrange.v1.Alarm
-	6,  // 2: idrange.v1.ListLeasesResponse.leases:type_name -> idrange.v1.LeaseRow
-	6,  // 3: idrange.v1.FenceResponse.fenced:type_name -> idrange.v1.LeaseRow
-	3,  // 4: idrange.v1.ListAlarmsResponse.alarms:type_name -> idrange.v1.Alarm
-	3,  // 5: idrange.v1.DisarmAlarmResponse.disarmed:type_name -> idrange.v1.Alarm
-	3,  // 6: idrange.v1.DisarmAlarmResponse.alarms:type_name -> idrange.v1.Alarm
-	0,  // 7: idrange.v1.AdminService.Status:input_type -> idrange.v1.StatusRequest
-	4,  // 8: idrange.v1.AdminService.ListLeases:input_type -> idrange.v1.ListLeasesRequest
-	7,  // 9: idrange.v1.AdminService.Fence:input_type -> idrange.v1.FenceRequest
-	9,  // 10: idrange.v1.AdminService.ListAlarms:input_type -> idrange.v1.ListAlarmsRequest
-	11, // 11: idrange.v1.AdminService.DisarmAlarm:input_type -> idrange.v1.DisarmAlarmRequest
-	1,  // 12: idrange.v1.AdminService.Status:output_type -> idrange.v1.StatusResponse
-	5,  // 13: idrange.v1.AdminService.ListLeases:output_type -> idrange.v1.ListLeasesResponse
-	8,  // 14: idrange.v1.AdminService.Fence:output_type -> idrange.v1.FenceResponse
-	10, // 15: idrange.v1.AdminService.ListAlarms:output_type -> idrange.v1.ListAlarmsResponse
-	12, // 16: idrange.v1.AdminService.DisarmAlarm:output_type -> idrange.v1.DisarmAlarmResponse
-	12, // [12:17] is the sub-list for method output_type
-	7,  // [7:12] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	5,  // 0: idrange.v1.StatusResponse.etcd_members:type_name -> idrange.v1.EtcdMember
+	6,  // 1: idrange.v1.StatusResponse.alarms:type_name -> idrange.v1.Alarm
+	2,  // 2: idrange.v1.StatusResponse.region_record:type_name -> idrange.v1.RegionRecord
+	2,  // 3: idrange.v1.RestoreFenceResponse.record:type_name -> idrange.v1.RegionRecord
+	9,  // 4: idrange.v1.ListLeasesResponse.leases:type_name -> idrange.v1.LeaseRow
+	9,  // 5: idrange.v1.FenceResponse.fenced:type_name -> idrange.v1.LeaseRow
+	6,  // 6: idrange.v1.ListAlarmsResponse.alarms:type_name -> idrange.v1.Alarm
+	6,  // 7: idrange.v1.DisarmAlarmResponse.disarmed:type_name -> idrange.v1.Alarm
+	6,  // 8: idrange.v1.DisarmAlarmResponse.alarms:type_name -> idrange.v1.Alarm
+	0,  // 9: idrange.v1.AdminService.Status:input_type -> idrange.v1.StatusRequest
+	7,  // 10: idrange.v1.AdminService.ListLeases:input_type -> idrange.v1.ListLeasesRequest
+	10, // 11: idrange.v1.AdminService.Fence:input_type -> idrange.v1.FenceRequest
+	12, // 12: idrange.v1.AdminService.ListAlarms:input_type -> idrange.v1.ListAlarmsRequest
+	14, // 13: idrange.v1.AdminService.DisarmAlarm:input_type -> idrange.v1.DisarmAlarmRequest
+	3,  // 14: idrange.v1.AdminService.RestoreFence:input_type -> idrange.v1.RestoreFenceRequest
+	1,  // 15: idrange.v1.AdminService.Status:output_type -> idrange.v1.StatusResponse
+	8,  // 16: idrange.v1.AdminService.ListLeases:output_type -> idrange.v1.ListLeasesResponse
+	11, // 17: idrange.v1.AdminService.Fence:output_type -> idrange.v1.FenceResponse
+	13, // 18: idrange.v1.AdminService.ListAlarms:output_type -> idrange.v1.ListAlarmsResponse
+	15, // 19: idrange.v1.AdminService.DisarmAlarm:output_type -> idrange.v1.DisarmAlarmResponse
+	4,  // 20: idrange.v1.AdminService.RestoreFence:output_type -> idrange.v1.RestoreFenceResponse
+	15, // [15:21] is the sub-list for method output_type
+	9,  // [9:15] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_admin_proto_init() }
@@ -1026,7 +1327,7 @@ func file_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_admin_proto_rawDesc), len(file_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

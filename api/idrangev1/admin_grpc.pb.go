@@ -24,11 +24,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AdminService_Status_FullMethodName      = "/idrange.v1.AdminService/Status"
-	AdminService_ListLeases_FullMethodName  = "/idrange.v1.AdminService/ListLeases"
-	AdminService_Fence_FullMethodName       = "/idrange.v1.AdminService/Fence"
-	AdminService_ListAlarms_FullMethodName  = "/idrange.v1.AdminService/ListAlarms"
-	AdminService_DisarmAlarm_FullMethodName = "/idrange.v1.AdminService/DisarmAlarm"
+	AdminService_Status_FullMethodName       = "/idrange.v1.AdminService/Status"
+	AdminService_ListLeases_FullMethodName   = "/idrange.v1.AdminService/ListLeases"
+	AdminService_Fence_FullMethodName        = "/idrange.v1.AdminService/Fence"
+	AdminService_ListAlarms_FullMethodName   = "/idrange.v1.AdminService/ListAlarms"
+	AdminService_DisarmAlarm_FullMethodName  = "/idrange.v1.AdminService/DisarmAlarm"
+	AdminService_RestoreFence_FullMethodName = "/idrange.v1.AdminService/RestoreFence"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -52,6 +53,13 @@ type AdminServiceClient interface {
 	// defragmentation have brought the backend below its quota, or etcd
 	// raises it again at the next write.
 	DisarmAlarm(ctx context.Context, in *DisarmAlarmRequest, opts ...grpc.CallOption) (*DisarmAlarmResponse, error)
+	// RestoreFence makes a restored etcd safe to grant from: it marks the
+	// region restore-pending, lifts every worker code's high-water mark to at
+	// least now + (max lead + max block span + margin) and then clears the
+	// pending mark, recording the fence in the region record. Replicas refuse
+	// to grant while a restore is pending. See docs/operations.md, "Region
+	// identity, registry, backup and restore".
+	RestoreFence(ctx context.Context, in *RestoreFenceRequest, opts ...grpc.CallOption) (*RestoreFenceResponse, error)
 }
 
 type adminServiceClient struct {
@@ -112,6 +120,16 @@ func (c *adminServiceClient) DisarmAlarm(ctx context.Context, in *DisarmAlarmReq
 	return out, nil
 }
 
+func (c *adminServiceClient) RestoreFence(ctx context.Context, in *RestoreFenceRequest, opts ...grpc.CallOption) (*RestoreFenceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RestoreFenceResponse)
+	err := c.cc.Invoke(ctx, AdminService_RestoreFence_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -133,6 +151,13 @@ type AdminServiceServer interface {
 	// defragmentation have brought the backend below its quota, or etcd
 	// raises it again at the next write.
 	DisarmAlarm(context.Context, *DisarmAlarmRequest) (*DisarmAlarmResponse, error)
+	// RestoreFence makes a restored etcd safe to grant from: it marks the
+	// region restore-pending, lifts every worker code's high-water mark to at
+	// least now + (max lead + max block span + margin) and then clears the
+	// pending mark, recording the fence in the region record. Replicas refuse
+	// to grant while a restore is pending. See docs/operations.md, "Region
+	// identity, registry, backup and restore".
+	RestoreFence(context.Context, *RestoreFenceRequest) (*RestoreFenceResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -157,6 +182,9 @@ func (UnimplementedAdminServiceServer) ListAlarms(context.Context, *ListAlarmsRe
 }
 func (UnimplementedAdminServiceServer) DisarmAlarm(context.Context, *DisarmAlarmRequest) (*DisarmAlarmResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DisarmAlarm not implemented")
+}
+func (UnimplementedAdminServiceServer) RestoreFence(context.Context, *RestoreFenceRequest) (*RestoreFenceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RestoreFence not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -269,6 +297,24 @@ func _AdminService_DisarmAlarm_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_RestoreFence_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RestoreFenceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RestoreFence(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RestoreFence_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RestoreFence(ctx, req.(*RestoreFenceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -295,6 +341,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DisarmAlarm",
 			Handler:    _AdminService_DisarmAlarm_Handler,
+		},
+		{
+			MethodName: "RestoreFence",
+			Handler:    _AdminService_RestoreFence_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -42,6 +42,9 @@ commands:
   alarm [list]           active etcd alarms
   alarm disarm           clear NOSPACE (after compaction and defragmentation)
         [--member ID]    (hex member ID; default every member)
+  restore-fence          after an etcd restore: lift every code's high-water mark
+        [--margin D]     past what the lost writes could have granted, then let
+                         the region grant again (docs/operations.md)
 `
 
 // adminConfig is `rangesvc admin`'s flags. Transport security flags join it
@@ -54,6 +57,7 @@ type adminConfig struct {
 	Worker  int            // fence --worker (required, 0..255)
 	Token   int64          // fence --token (0: the current owner, looked up first)
 	Member  uint64         // alarm disarm --member (0: every member)
+	Margin  time.Duration  // restore-fence --margin (0: the replica's default)
 	TLS     clientTLSFlags // --tls-cert, --tls-key, --tls-ca, --tls-server-name
 
 	tls *tls.Config // loaded from TLS; nil: plaintext
@@ -71,7 +75,7 @@ func parseAdminFlags(args []string, stderr io.Writer) (adminConfig, error) {
 	}
 	c.Command, args = args[0], args[1:]
 	switch c.Command {
-	case "status", "leases", "fence":
+	case "status", "leases", "fence", "restore-fence":
 	case "alarm":
 		c.Command = "alarm list"
 		if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
@@ -85,7 +89,7 @@ func parseAdminFlags(args []string, stderr io.Writer) (adminConfig, error) {
 		}
 	default:
 		fmt.Fprint(stderr, adminUsage)
-		return c, cli.Usagef("unknown command %q: want status, leases, fence or alarm", c.Command)
+		return c, cli.Usagef("unknown command %q: want status, leases, fence, alarm or restore-fence", c.Command)
 	}
 	fs := cli.NewFlagSet(prog, "admin "+c.Command, stderr)
 	fs.Func("target", "rangesvc gRPC address(es) host:port[,host:port...] (required)", func(s string) error {
@@ -99,6 +103,8 @@ func parseAdminFlags(args []string, stderr io.Writer) (adminConfig, error) {
 	case "fence":
 		fs.IntVar(&c.Worker, "worker", -1, "worker code to fence, 0..255 (required)")
 		fs.Int64Var(&c.Token, "token", 0, "fence only if this token still owns the code (0: whichever owner holds it now)")
+	case "restore-fence":
+		fs.DurationVar(&c.Margin, "margin", 0, "added to max lead + max block span (0: the replica's default, 5s)")
 	case "alarm disarm":
 		fs.Func("member", "hex etcd member ID whose NOSPACE alarm to clear (default: every member)", func(s string) error {
 			v, err := strconv.ParseUint(strings.TrimPrefix(s, "0x"), 16, 64)
@@ -132,6 +138,8 @@ func parseAdminFlags(args []string, stderr io.Writer) (adminConfig, error) {
 		return c, cli.Usagef("--worker %d not in 0..%d", c.Worker, snowflake.MaxWorker)
 	case c.Token < 0:
 		return c, cli.Usagef("--token %d is negative", c.Token)
+	case c.Margin < 0 || c.Margin > 10*time.Minute:
+		return c, cli.Usagef("--margin %v not in 0..10m", c.Margin)
 	}
 	for _, t := range c.Targets {
 		if err := checkEndpoint(t); err != nil {
@@ -176,6 +184,8 @@ func runAdmin(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return a.alarmList(ctx)
 	case "alarm disarm":
 		return a.alarmDisarm(ctx)
+	case "restore-fence":
+		return a.restoreFence(ctx)
 	}
 	return cli.Usagef("unknown command %q", c.Command)
 }
@@ -278,6 +288,12 @@ type statusJSON struct {
 	EtcdEndpoints    []string      `json:"etcd_endpoints"`
 	EtcdMembers      []memberJSON  `json:"etcd_members"`
 	Alarms           []alarmJSON   `json:"alarms"`
+	// The region record (absent when it could not be read), why it could
+	// not be, and the answering replica's region check ("ok" or why it
+	// refuses to grant).
+	RegionRecord      *regionRecordJSON `json:"region_record,omitempty"`
+	RegionRecordError string            `json:"region_record_error,omitempty"`
+	RegionCheck       string            `json:"region_check,omitempty"`
 }
 
 type leaseJSON struct {
@@ -385,6 +401,8 @@ func (a *adminRun) status(ctx context.Context) error {
 		MaxHWMLeadWorker: int(st.GetMaxHwmLeadWorker()), EpochLifeLeftMs: st.GetEpochLifeLeftMs(),
 		EpochEnd: unixMs(st.GetEpochEndUnixMs()), StoreRevision: st.GetStoreRevision(),
 		EtcdEndpoints: st.GetEtcdEndpoints(), Alarms: alarmsJSON(st.GetAlarms()),
+		RegionRecord: recordJSON(st.GetRegionRecord()), RegionRecordError: st.GetRegionRecordError(),
+		RegionCheck: st.GetRegionCheck(),
 	}
 	for _, m := range st.GetEtcdMembers() {
 		out.EtcdMembers = append(out.EtcdMembers, memberJSON{
@@ -427,6 +445,9 @@ func (a *adminRun) status(ctx context.Context) error {
 		{"etcd endpoints", strings.Join(out.EtcdEndpoints, ",")},
 		{"alarms", alarms},
 	} {
+		fmt.Fprintf(w, "%s\t%s\n", kv[0], kv[1])
+	}
+	for _, kv := range out.regionRows() {
 		fmt.Fprintf(w, "%s\t%s\n", kv[0], kv[1])
 	}
 	fmt.Fprintln(w)

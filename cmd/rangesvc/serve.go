@@ -62,7 +62,16 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildinfo.NewCollector(bi))
-	rep, err := region.NewReplica(cfg.replicaConfig(etcd.cli, clk, reg, log))
+	registry, err := cfg.RegionID.openRegistry(cfg.EtcdTimeout)
+	if err != nil {
+		return err
+	}
+	if registry != nil {
+		defer registry.Close()
+	}
+	rc := cfg.replicaConfig(etcd.cli, clk, reg, log)
+	cfg.RegionID.applyReplica(&rc, etcd.emb != nil, registry)
+	rep, err := region.NewReplica(rc)
 	if err != nil {
 		return err
 	}

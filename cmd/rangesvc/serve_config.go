@@ -115,6 +115,8 @@ type serveConfig struct {
 	Faults faultConfig
 	// Security are the TLS, identity and etcd security flags (tls_flags.go).
 	Security securityFlags
+	// RegionID are the region identity flags (region_flags.go).
+	RegionID regionFlags
 }
 
 // parseServeFlags maps args 1:1 onto a validated serveConfig.
@@ -157,6 +159,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.Int64Var(&c.EtcdQuotaBytes, "etcd-quota-bytes", etcdspace.DefaultQuotaBytes, "etcd backend quota in bytes (embedded: set; --etcd: what the cluster runs with)")
 	c.Faults.register(fs)
 	c.Security.register(fs)
+	c.RegionID.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: rangesvc serve --region N [--listen ADDR] [--metrics ADDR] [--data-dir DIR | --etcd EPS] [--config FILE] [flags]")
 		fs.PrintDefaults()
@@ -229,6 +232,9 @@ func (c serveConfig) Validate() error {
 		return fmt.Errorf("--log-format %q: want %s or %s", c.LogFormat, logText, logJSON)
 	}
 	if err := c.validateSpace(); err != nil {
+		return err
+	}
+	if err := c.RegionID.validate(); err != nil {
 		return err
 	}
 	if err := etcdstore.ValidatePrefix(c.KeyPrefix); err != nil {

@@ -36,6 +36,7 @@ import (
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/clock"
+	"github.com/idrange/idrange/internal/regionid"
 	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -77,6 +78,13 @@ type Config struct {
 	Timeout time.Duration
 	// Logger receives one line per fence and alarm disarm. Default: discard.
 	Logger *slog.Logger
+	// RegionRecord, if set, reads the region record for Status: the stored
+	// record, the error reading or decoding it, and the replica's current
+	// refusal to grant (nil: it may grant).
+	RegionRecord func(ctx context.Context) (st regionid.Stored, recordErr, refusal error)
+	// RestoreFence, if set, runs the restore fence with margin (0: the
+	// replica's default). nil: RestoreFence answers Unimplemented.
+	RestoreFence func(ctx context.Context, margin time.Duration) (regionid.FenceResult, error)
 }
 
 // Server implements idrangev1.AdminServiceServer.
@@ -175,7 +183,62 @@ func (s *Server) Status(ctx context.Context, _ *idrangev1.StatusRequest) (*idran
 		return nil, toStatus(err)
 	}
 	resp.Alarms = alarms
+	if s.cfg.RegionRecord != nil {
+		st, recErr, refusal := s.cfg.RegionRecord(ctx)
+		if st.ModRevision != 0 {
+			resp.RegionRecord = recordProto(st.Record)
+		}
+		if recErr != nil {
+			resp.RegionRecordError = recErr.Error()
+		}
+		resp.RegionCheck = "ok"
+		if refusal != nil {
+			resp.RegionCheck = refusal.Error()
+		}
+	}
 	return resp, nil
+}
+
+// recordProto is the region record on the wire.
+func recordProto(r regionid.Record) *idrangev1.RegionRecord {
+	return &idrangev1.RegionRecord{
+		Version: uint32(r.Version), Region: uint32(r.Region), RegionId: r.RegionID, CreatedUnixMs: r.CreatedUnixMs,
+		Layout: uint32(r.Layout), EtcdClusterId: r.EtcdClusterID,
+		RegistryClaimedUnixMs: r.RegistryClaimedUnixMs, RegistryClusterId: r.RegistryClusterID,
+		RestorePending: r.RestorePending, RestoreReason: r.RestoreReason, RestoreSinceUnixMs: r.RestoreSinceUnixMs,
+		FencedUnixMs: r.FencedUnixMs, FencedToUnixMs: r.FencedToUnixMs,
+	}
+}
+
+// maxRestoreMargin bounds RestoreFenceRequest.margin_ms: a lift far into
+// the future stops every code for as long (each grant waits until the clock
+// is within the max lead of the lifted mark).
+const maxRestoreMargin = 10 * time.Minute
+
+// RestoreFence lifts every high-water mark of the region after an etcd
+// restore (regionid.Fence) and clears the region's pending restore.
+func (s *Server) RestoreFence(ctx context.Context, req *idrangev1.RestoreFenceRequest) (*idrangev1.RestoreFenceResponse, error) {
+	if s.cfg.RestoreFence == nil {
+		return nil, status.Error(codes.Unimplemented, "restore fence is not available on this replica")
+	}
+	margin := time.Duration(req.GetMarginMs()) * time.Millisecond
+	if margin < 0 || margin > maxRestoreMargin {
+		return nil, status.Errorf(codes.InvalidArgument, "margin_ms %d not in 0..%d", req.GetMarginMs(), maxRestoreMargin.Milliseconds())
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	res, err := s.cfg.RestoreFence(ctx, margin)
+	if err != nil {
+		s.log.Error("restore fence failed", "err", err, "peer", peerAddr(ctx))
+		if errors.Is(err, regionid.ErrCorrupt) || errors.Is(err, regionid.ErrMismatch) {
+			return nil, status.Error(codes.FailedPrecondition, err.Error())
+		}
+		return nil, status.Error(codes.Unavailable, err.Error())
+	}
+	s.log.Warn("restore fence", "fenced_to_unix_ms", res.Stored.Record.FencedToUnixMs, "codes_lifted", res.Lifted,
+		"txns", res.Txns, "peer", peerAddr(ctx))
+	return &idrangev1.RestoreFenceResponse{Record: recordProto(res.Stored.Record), CodesLifted: uint32(res.Lifted),
+		Transactions: uint32(res.Txns)}, nil
 }
 
 // members asks every endpoint for its Maintenance Status; an endpoint that

@@ -292,7 +292,7 @@ func (s *suite) addReplica(name string) *replica {
 		s.t.Fatal(err)
 	}
 	args := []string{"serve", "--region", strconv.Itoa(region), "--listen", r.addr(), "--metrics", "127.0.0.1:0", "--http", "127.0.0.1:0",
-		"--etcd", strings.Join(eps, ","), "--lease-ttl", s.opt.leaseTTL.String(),
+		"--etcd", strings.Join(eps, ","), "--init-region", "--lease-ttl", s.opt.leaseTTL.String(),
 		"--etcd-timeout", "2s", "--shutdown-timeout", "3s", "--log-level", "info",
 		"--fault-clock-file", r.clockFile,
 		// The checker replays every HWM value from etcd's history after the

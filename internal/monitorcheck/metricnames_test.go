@@ -61,8 +61,9 @@ func usedNames(t *testing.T) (used map[string][]string, recorded map[string]bool
 // runs: service, store and etcd space metrics), the history compactor
 // (off in in-process regions), the collectors `rangesvc serve` adds (Go,
 // process, build info), and a rangeclient with its metrics registered,
-// holding a lease from that replica.
-func servingGatherer(t *testing.T) prometheus.Gatherers {
+// holding a lease from that replica; and a replica built with a registry
+// (--registry-etcd), whose metrics exist only then.
+func servingGatherer(t *testing.T) []prometheus.Gatherer {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), exportTimeout)
 	defer cancel()
@@ -76,6 +77,14 @@ func servingGatherer(t *testing.T) prometheus.Gatherers {
 		t.Fatal(err)
 	}
 
+	// The registry metrics exist only with --registry-etcd: a second
+	// replica, built (not served) with a registry, exports them.
+	withRegistry := prometheus.NewRegistry()
+	if _, err := region.NewReplica(region.ReplicaConfig{Region: 1, Etcd: r.Client(), RegistryEtcd: r.Client(),
+		Registry: withRegistry}); err != nil {
+		t.Fatal(err)
+	}
+
 	clientReg := prometheus.NewRegistry()
 	c, err := rangeclient.New(ctx, rangeclient.Config{Targets: []string{r.Addr()}, Region: 1, Registerer: clientReg})
 	if err != nil {
@@ -85,17 +94,22 @@ func servingGatherer(t *testing.T) prometheus.Gatherers {
 	if _, err := c.Next(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return prometheus.Gatherers{r.Registry(), serveReg, clientReg}
+	return []prometheus.Gatherer{r.Registry(), serveReg, withRegistry, clientReg}
 }
 
-// exportedNames returns the series names a scrape of g shows: each
+// exportedNames returns the series names a scrape of gs shows: each
 // family's name, and for histograms and summaries the _bucket, _sum and
-// _count series.
-func exportedNames(t *testing.T, g prometheus.Gatherer) map[string]bool {
+// _count series. (Gathered one by one: the two replicas export the same
+// series, which one merged scrape would refuse.)
+func exportedNames(t *testing.T, gs []prometheus.Gatherer) map[string]bool {
 	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
+	var mfs []*dto.MetricFamily
+	for _, g := range gs {
+		m, err := g.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		mfs = append(mfs, m...)
 	}
 	out := map[string]bool{}
 	for _, mf := range mfs {
@@ -157,7 +171,7 @@ func TestRulesAndDashboardUseExportedMetrics(t *testing.T) {
 	}
 	// The scales the latency and lead alerts compare against are set by a
 	// real replica (a 0 would make IdrangeGrantLatencyHigh fire on any grant).
-	mfs, err := g.Gather()
+	mfs, err := g[0].Gather() // the served replica
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -93,6 +93,12 @@ type Config struct {
 	// to model several replicas on one etcd. nil starts a private one
 	// (StartEtcd with a temporary directory) that Close stops.
 	Etcd *embedetcd.Server
+	// SharedEtcd: regions of different codes share Etcd (a test and
+	// benchmark model; production runs one etcd per region), so the
+	// replica neither writes nor checks the region record
+	// (internal/regionid). false: the first replica initialises the record
+	// and every replica checks it, as rangesvc serve does.
+	SharedEtcd bool
 	// Store tunes the segment.Store (lease TTL, policy, prefix).
 	Store segment.StoreConfig
 	// Clock is the service clock; pass a *clock.Offset to move it. Default
@@ -249,6 +255,11 @@ func (r *Region) start(addr string) error {
 		Interceptors: []grpc.UnaryServerInterceptor{r.timeRPC},
 		Logger:       r.cfg.Logger,
 		txns:         &r.txns,
+		// An in-process region's etcd is its own: the first replica
+		// initialises the region record (as rangesvc serve does on its
+		// embedded etcd).
+		InitRegion: true,
+		sharedEtcd: r.cfg.SharedEtcd,
 
 		TLS:               r.cfg.TLS,
 		AllowedIdentities: r.cfg.AllowedIdentities,

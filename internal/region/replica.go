@@ -105,6 +105,27 @@ type ReplicaConfig struct {
 	// NOT_SERVING. Default etcdspace.DefaultMonitorInterval; negative: off.
 	SpaceCheckInterval time.Duration
 
+	// InitRegion lets the replica create the region record when etcd has
+	// none (rangesvc serve --init-region, and always for the embedded etcd,
+	// which is new by construction). Without it a replica against an etcd
+	// without a record does not start. See internal/regionid.Open.
+	InitRegion bool
+	// Restored marks the region restore-pending at start (rangesvc serve
+	// --restored): the operator knows this etcd was restored from a backup.
+	Restored bool
+	// RegistryEtcd, if set, is the registry where the region claims its
+	// code (rangesvc serve --registry-etcd); the caller closes it after
+	// Stop. RegistryPrefix is its key prefix (default
+	// regionid.DefaultRegistryPrefix), RegistryCheckInterval how often the
+	// claim is confirmed (default DefaultRegistryCheckInterval).
+	RegistryEtcd          *clientv3.Client
+	RegistryPrefix        string
+	RegistryCheckInterval time.Duration
+
+	// sharedEtcd skips the region record: several in-process regions of
+	// different codes share one etcd (Config.SharedEtcd, a test model).
+	sharedEtcd bool
+
 	// txns, if set, counts the write Txns the store sends to etcd (Region's
 	// Counts.Txns).
 	txns *atomic.Uint64
@@ -121,6 +142,7 @@ type Replica struct {
 	registry *prometheus.Registry
 	srv      *grpc.Server
 	minter   *service.LazyMinter
+	ident    *identity
 	space    *etcdspace.Monitor   // nil when SpaceCheckInterval < 0
 	compact  *etcdspace.Compactor // nil when CompactionInterval == 0
 
@@ -161,7 +183,18 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 	if err := r.openSpace(); err != nil {
 		return nil, err
 	}
-	if r.store, err = openStore(cfg, r.metrics); err != nil {
+	if !cfg.sharedEtcd {
+		if r.ident, err = newIdentity(cfg); err != nil {
+			return nil, err
+		}
+		octx, cancel := context.WithTimeout(context.Background(), 3*cfg.EtcdTimeout)
+		err = r.ident.open(octx, cfg.InitRegion, cfg.Restored)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+	}
+	if r.store, err = openStore(cfg, r.metrics, r.ident); err != nil {
 		return nil, errors.Wrap(err, "segment store")
 	}
 	r.metrics.SetStoreConfig(r.store.Config())
@@ -209,8 +242,12 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 // registerAdmin serves the AdminService (rangesvc admin) beside the
 // RangeService, over the replica's own store and etcd client.
 func registerAdmin(r *Replica) error {
-	adm, err := admin.New(admin.Config{Region: r.cfg.Region, Store: r.store, Etcd: r.cfg.Etcd,
-		Serving: r.svc.Serving, Clock: r.cfg.Clock, Logger: r.cfg.Logger})
+	ac := admin.Config{Region: r.cfg.Region, Store: r.store, Etcd: r.cfg.Etcd,
+		Serving: r.svc.Serving, Clock: r.cfg.Clock, Logger: r.cfg.Logger}
+	if r.ident != nil {
+		ac.RegionRecord, ac.RestoreFence = r.regionRecord, r.restoreFence
+	}
+	adm, err := admin.New(ac)
 	if err != nil {
 		return err
 	}
@@ -244,7 +281,7 @@ func (r *Replica) openSpace() error {
 }
 
 // openStore is the one place a replica's segment.Store is constructed.
-func openStore(cfg ReplicaConfig, m *service.Metrics) (*segment.Store, error) {
+func openStore(cfg ReplicaConfig, m *service.Metrics, id *identity) (*segment.Store, error) {
 	sc := cfg.Store
 	sc.Now = cfg.Clock.Now
 	sc.Logger = cfg.Logger.With("component", "segment")
@@ -256,10 +293,14 @@ func openStore(cfg ReplicaConfig, m *service.Metrics) (*segment.Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	var bs segment.BatchStorage = stg
 	if cfg.txns != nil {
-		return segment.NewStore(countingStorage{stg, cfg.txns}, sc)
+		bs = countingStorage{stg, cfg.txns}
 	}
-	return segment.NewStore(stg, sc)
+	if id == nil {
+		return segment.NewStore(bs, sc)
+	}
+	return segment.NewStore(guardStorage{bs, id}, sc)
 }
 
 // countingStorage counts the write Txns sent to etcd (each one raft
@@ -304,6 +345,13 @@ func (r *Replica) serviceConfig() service.Config {
 		RollbackBound: cfg.RollbackBound,
 		StoreCheck: func(ctx context.Context) error {
 			if err := ProbeEtcd(ctx, cfg.Etcd, cfg.Prefix, cfg.EtcdTimeout); err != nil {
+				return err
+			}
+			if r.ident == nil {
+				// No region record (Config.SharedEtcd).
+			} else if err := r.ident.check(ctx); err != nil {
+				// The region record names another region, is corrupt or
+				// missing, a restore is pending, or the registry refuses.
 				return err
 			}
 			if r.space != nil {
@@ -351,6 +399,9 @@ func (r *Replica) Serve(lis net.Listener) <-chan error {
 	}
 	if r.compact != nil {
 		wg.Go(func() { r.compact.Run(ctx) })
+	}
+	if r.ident != nil && r.ident.reg != nil {
+		wg.Go(func() { r.ident.runRegistry(ctx) })
 	}
 	wg.Go(func() { r.svc.Run(ctx) })
 	go func() { wg.Wait(); close(r.done) }()

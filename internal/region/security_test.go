@@ -377,7 +377,7 @@ func TestNextMinterLeaseHasNoCallerIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := identityMinter{opened: make(chan string, 1)}
-	rep, err := region.NewReplica(region.ReplicaConfig{Region: 1, Etcd: s.r.Client(), TLS: tc, Next: m.open})
+	rep, err := region.NewReplica(region.ReplicaConfig{Region: 1, Etcd: s.r.Client(), TLS: tc, Next: m.open, InitRegion: true})
 	if err != nil {
 		t.Fatal(err)
 	}

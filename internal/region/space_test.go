@@ -39,6 +39,7 @@ func startSpaceReplica(t testing.TB, etcd *embedetcd.Server, cfg region.ReplicaC
 	t.Helper()
 	logs := &syncBuffer{}
 	cfg.Etcd = embedetcdtest.Client(t, etcd)
+	cfg.InitRegion = true
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	rep, err := region.NewReplica(cfg)
 	if err != nil {

@@ -28,7 +28,9 @@ type ServeConfig struct {
 	// DataDir is the embedded etcd's data directory; reuse it to restart
 	// on the same state. Ignored when Etcd is set.
 	DataDir string
-	// Etcd, if set, points the service at an external etcd (--etcd).
+	// Etcd, if set, points the service at an external etcd (--etcd), with
+	// --init-region: a test's external etcd is its own, so the first
+	// replica initialises its region record (or checks the one there).
 	Etcd []string
 	// Listen, Metrics and HTTP (the HTTP/JSON API, --http) default to
 	// 127.0.0.1:0.
@@ -92,7 +94,7 @@ func StartServe(t testing.TB, cfg ServeConfig) *Process {
 	args := []string{"serve", "--region", strconv.Itoa(cfg.Region), "--listen", cfg.Listen, "--metrics", cfg.Metrics,
 		"--http", cfg.HTTP}
 	if len(cfg.Etcd) > 0 {
-		args = append(args, "--etcd", strings.Join(cfg.Etcd, ","))
+		args = append(args, "--etcd", strings.Join(cfg.Etcd, ","), "--init-region")
 	} else {
 		if cfg.DataDir == "" {
 			cfg.DataDir = t.TempDir()
