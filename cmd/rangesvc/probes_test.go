@@ -100,11 +100,11 @@ func TestProbesEtcdDownSubprocess(t *testing.T) {
 
 	etcd.Stop()
 	body := waitProbe(t, p, "/readyz", http.StatusServiceUnavailable, 30*time.Second)
-	if !strings.Contains(body, "NOT_SERVING: store unreachable") {
+	if !strings.Contains(body, "NOT_SERVING: store check failed") {
 		t.Errorf("/readyz body %q does not name the reason", body)
 	}
 	waitHealth(t, ctx, hc, healthpb.HealthCheckResponse_NOT_SERVING)
-	expectProbe(t, p, "/healthz", http.StatusServiceUnavailable, "store unreachable")
+	expectProbe(t, p, "/healthz", http.StatusServiceUnavailable, "store check failed")
 	for range 5 { // several store checks (1 s each) later, still alive
 		expectProbe(t, p, "/livez", http.StatusOK, "ok")
 		time.Sleep(300 * time.Millisecond) // spacing the probes over a few store checks

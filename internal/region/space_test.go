@@ -193,7 +193,7 @@ func TestCompactionKeepsTheBackendUnderQuota(t *testing.T) {
 	// The reason reaches the service's health log line.
 	waitFor(t, 10*time.Second, "the NOT_SERVING reason in the logs", func() bool {
 		for _, l := range strings.Split(off.logs.String(), "\n") {
-			if strings.Contains(l, "msg=\"store unreachable\"") && strings.Contains(l, "err=\"etcd alarm NOSPACE on member") {
+			if strings.Contains(l, "msg=\"store check failed\"") && strings.Contains(l, "err=\"etcd alarm NOSPACE on member") {
 				return true
 			}
 		}

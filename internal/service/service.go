@@ -270,7 +270,7 @@ func (s *Service) NotServingReason() string {
 	case s.rollback > s.cfg.RollbackBound:
 		return fmt.Sprintf("service clock %v behind the highest time seen (bound %v)", s.rollback, s.cfg.RollbackBound)
 	case s.storeErr != nil:
-		return "store unreachable: " + s.storeErr.Error()
+		return "store check failed: " + s.storeErr.Error()
 	}
 	return "NOT_SERVING"
 }
@@ -323,7 +323,7 @@ func (s *Service) Check(ctx context.Context) {
 		s.mu.Unlock()
 		switch {
 		case err != nil && was == nil:
-			s.log.Warn("store unreachable", "err", err)
+			s.log.Warn("store check failed", "err", err)
 		case err == nil && was != nil:
 			s.log.Info("store reachable again")
 		}

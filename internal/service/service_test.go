@@ -470,7 +470,7 @@ func TestHealthStoreUnreachable(t *testing.T) {
 	if s := healthOf(t, f, HealthService); s != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Fatalf("store down: %v, want NOT_SERVING", s)
 	}
-	if r := f.svc.NotServingReason(); r != "store unreachable: etcd: connection refused" {
+	if r := f.svc.NotServingReason(); r != "store check failed: etcd: connection refused" {
 		t.Fatalf("NotServingReason() = %q while the store is down", r)
 	}
 	down.Store(false)
