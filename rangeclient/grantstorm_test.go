@@ -45,7 +45,7 @@ func grantsPerSecond(t *testing.T, flatOut bool) (perSec float64, minted int) {
 	return perSec, minted
 }
 
-// TestNoGrantStormAtTheLead (issue 11): a client minting flat out on one
+// TestNoGrantStormAtTheLead: a client minting flat out on one
 // code sits at the service's lead limit, where every grant would be
 // trimmed to the millisecond or two the clock freed since the last one.
 // The service refuses such grants with backpressure until most of the

@@ -136,7 +136,7 @@ func maxLinear(ids []snowflake.ID, worker int) int64 {
 	return hi
 }
 
-// The acceptance test of rangesvc admin (issue 14): a region with three
+// The acceptance test of rangesvc admin: a region with three
 // real clients; status and leases show them with HWMs at or above every ID
 // they returned and 256-3 free codes; fencing one code stops exactly that
 // client (the service answers it fenced at its next call) while the other

@@ -29,7 +29,7 @@ func acquisitions(t *testing.T, p *testenv.Process) int {
 	return n
 }
 
-// Acceptance (issue 14): two replicas on one etcd, rangeclient clients with
+// Acceptance: two replicas on one etcd, rangeclient clients with
 // default settings listing both, minting continuously; SIGTERM one replica
 // (it reports NOT_SERVING, waits --drain-delay, stops gracefully). No Next
 // call fails over the whole run, the stopped replica exits 0, and every

@@ -33,7 +33,7 @@ func wantServeFailure(t *testing.T, args []string, want ...string) {
 	}
 }
 
-// Issue 16: a fresh data dir initialises itself (the README's first
+// Region identity: a fresh data dir initialises itself (the README's first
 // command); `serve --region 2` on that region-1 data dir exits 1 naming
 // both codes; a replica against an empty external etcd without
 // --init-region exits 1 saying so, and with it starts.

@@ -19,7 +19,7 @@ func writeFile(t *testing.T, body string) string {
 	return p
 }
 
-// Acceptance (issue 14): a file plus a flag override gives the merged
+// Acceptance: a file plus a flag override gives the merged
 // config; an unknown key and a bad value exit 2 naming the key (and the
 // file).
 func TestServeConfigFile(t *testing.T) {

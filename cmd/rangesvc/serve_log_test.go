@@ -72,7 +72,7 @@ func TestEtcdLogsThroughSlog(t *testing.T) {
 	}
 }
 
-// Acceptance (issue 14): serve --log-format json through a start on the
+// Acceptance: serve --log-format json through a start on the
 // embedded etcd, mints and a SIGTERM stop: every stderr line is a JSON
 // object with time, level and msg. During the drain the replica reports
 // NOT_SERVING ("shutting down") on /readyz while /livez stays 200.

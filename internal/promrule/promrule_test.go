@@ -21,7 +21,7 @@ func TestCommittedPrometheusRuleIsGenerated(t *testing.T) {
 	committed, cerr := os.ReadFile(crPath)
 	switch {
 	case errors.Is(rerr, os.ErrNotExist) && errors.Is(cerr, os.ErrNotExist):
-		t.Skipf("%s is not in this tree yet (the alert rules of issue 15); nothing to generate from", rulesPath)
+		t.Skipf("%s is not in this tree yet (the alert rules); nothing to generate from", rulesPath)
 	case errors.Is(rerr, os.ErrNotExist):
 		t.Fatalf("%s exists but %s does not: delete it, or restore the rules file", crPath, rulesPath)
 	case rerr != nil:

@@ -37,7 +37,7 @@ func builtBinary(t *testing.T, version string) string {
 	return bin
 }
 
-// Issue 15's image acceptance, in the fallback this machine allows (no
+// The image acceptance test, in the fallback this machine allows (no
 // container runtime): build the image, write it as a docker-archive
 // tarball and as an OCI layout, read both back, check the config and the
 // files, and run `rangesvc version` extracted from the image.
