@@ -22,7 +22,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
 	"github.com/idrange/idrange/internal/promrule"
@@ -137,7 +136,7 @@ func (m *manifests) decode(doc []byte) error {
 		return errors.New("no apiVersion and kind")
 	}
 	var name, ns string
-	strict := func(o any) error { return decodeStrict(doc, o) }
+	strict := func(o any) error { return promrule.DecodeStrict(doc, o) } // as the API server decodes
 	switch tm.APIVersion + " " + tm.Kind {
 	case "v1 Namespace":
 		o := &corev1.Namespace{}
@@ -202,22 +201,6 @@ func (m *manifests) decode(doc []byte) error {
 		return fmt.Errorf("%s without a name or namespace", tm.Kind)
 	}
 	return nil
-}
-
-// decodeStrict decodes YAML as the API server does: field names match
-// case-sensitively (sigs.k8s.io/json, not encoding/json, which would take
-// readOnlyRootFileSystem for readOnlyRootFilesystem), and unknown or
-// duplicate fields are errors.
-func decodeStrict(doc []byte, into any) error {
-	j, err := yaml.YAMLToJSONStrict(doc)
-	if err != nil {
-		return err
-	}
-	strictErrs, err := kjson.UnmarshalStrict(j, into)
-	if err != nil {
-		return err
-	}
-	return errors.Join(strictErrs...)
 }
 
 func readManifests(t *testing.T) *manifests {

@@ -26,24 +26,6 @@ func repoRoot() string {
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
-// ruleFile is a Prometheus rule file (the fields the checks read).
-type ruleFile struct {
-	Groups []struct {
-		Name     string `json:"name"`
-		Interval string `json:"interval,omitempty"`
-		Rules    []rule `json:"rules"`
-	} `json:"groups"`
-}
-
-type rule struct {
-	Record      string            `json:"record,omitempty"`
-	Alert       string            `json:"alert,omitempty"`
-	Expr        string            `json:"expr"`
-	For         string            `json:"for,omitempty"`
-	Labels      map[string]string `json:"labels,omitempty"`
-	Annotations map[string]string `json:"annotations,omitempty"`
-}
-
 // ruleTestFile is a promtool unit-test file (the fields the checks read).
 type ruleTestFile struct {
 	RuleFiles []string `json:"rule_files"`
@@ -59,18 +41,14 @@ type ruleTestFile struct {
 	} `json:"tests"`
 }
 
-// readYAML decodes the YAML file at path into v; strict: an unknown field
-// is an error (a misspelt "annotations" would otherwise pass).
-func readYAML(path string, v any, strict bool) error {
+// readYAML decodes the YAML file at path into v (the rules file itself is
+// read by promrule.Parse, strictly).
+func readYAML(path string, v any) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return err
 	}
-	decode := func(b []byte, v any) error { return yaml.Unmarshal(b, v) }
-	if strict {
-		decode = func(b []byte, v any) error { return yaml.UnmarshalStrict(b, v) }
-	}
-	if err := decode(b, v); err != nil {
+	if err := yaml.Unmarshal(b, v); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	return nil

@@ -8,24 +8,33 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/idrange/idrange/internal/promrule"
 )
 
 // promtoolHint says how to get promtool when a test skips for want of it.
 const promtoolHint = "promtool not on PATH: install it with `apt-get install prometheus` (Debian; .ci/run does) to run the rule checks"
 
-func loadRules(t *testing.T) ruleFile {
+// loadRules reads the rules file with the parser the PrometheusRule
+// generator uses (promrule.Parse: strict decoding, Prometheus's own checks).
+func loadRules(t *testing.T) promrule.RulesFile {
 	t.Helper()
-	var rf ruleFile
-	if err := readYAML(filepath.Join(repoRoot(), rulesFile), &rf, true); err != nil {
+	path := filepath.Join(repoRoot(), rulesFile)
+	b, err := os.ReadFile(path)
+	if err != nil {
 		t.Fatal(err)
+	}
+	rf, err := promrule.Parse(b)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
 	}
 	return rf
 }
 
 // alerts returns the alerting rules of rf by name; duplicates are errors.
-func alerts(t *testing.T, rf ruleFile) map[string]rule {
+func alerts(t *testing.T, rf promrule.RulesFile) map[string]promrule.Rule {
 	t.Helper()
-	out := map[string]rule{}
+	out := map[string]promrule.Rule{}
 	for _, g := range rf.Groups {
 		for _, r := range g.Rules {
 			if r.Alert == "" {
@@ -84,7 +93,7 @@ func TestAlertsHaveSeveritySummaryAndRunbook(t *testing.T) {
 func TestEveryAlertHasAFiringTestCase(t *testing.T) {
 	as := alerts(t, loadRules(t))
 	var tf ruleTestFile
-	if err := readYAML(filepath.Join(repoRoot(), rulesTestFile), &tf, false); err != nil {
+	if err := readYAML(filepath.Join(repoRoot(), rulesTestFile), &tf); err != nil {
 		t.Fatal(err)
 	}
 	if len(tf.RuleFiles) != 1 || tf.RuleFiles[0] != filepath.Base(rulesFile) {
