@@ -245,27 +245,16 @@ func (p *Process) Scrape(t testing.TB) string {
 // failed request fails t.
 func (p *Process) Probe(t testing.TB, path string) (code int, body string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.MetricsAddr+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("testenv: GET %s: %v", req.URL, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp, b := HTTPGet(t, "http://"+p.MetricsAddr+path, 10*time.Second)
 	return resp.StatusCode, string(b)
 }
 
-func get(t testing.TB, url string) string {
+// HTTPGet GETs url within timeout and returns the response (its body
+// closed) and the body; any status is an answer, only a failed request
+// fails t.
+func HTTPGet(t testing.TB, url string, timeout time.Duration) (*http.Response, []byte) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -278,8 +267,14 @@ func get(t testing.TB, url string) string {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("testenv: GET %s: %v", url, err)
 	}
+	return resp, b
+}
+
+func get(t testing.TB, url string) string {
+	t.Helper()
+	resp, b := HTTPGet(t, url, 10*time.Second)
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("testenv: GET %s: %s\n%s", url, resp.Status, b)
 	}
