@@ -344,14 +344,17 @@ func (r *Replica) serviceConfig() service.Config {
 		MaxBlock:      int(st.Policy().MaxBlock),
 		RollbackBound: cfg.RollbackBound,
 		StoreCheck: func(ctx context.Context) error {
-			if err := ProbeEtcd(ctx, cfg.Etcd, cfg.Prefix, cfg.EtcdTimeout); err != nil {
-				return err
-			}
 			if r.ident == nil {
-				// No region record (Config.SharedEtcd).
+				// No region record (Config.SharedEtcd): probe etcd alone.
+				if err := ProbeEtcd(ctx, cfg.Etcd, cfg.Prefix, cfg.EtcdTimeout); err != nil {
+					return err
+				}
 			} else if err := r.ident.check(ctx); err != nil {
-				// The region record names another region, is corrupt or
-				// missing, a restore is pending, or the registry refuses.
+				// The record's read is itself the linearizable probe (it
+				// fails while etcd has no leader or does not answer), so
+				// it is not preceded by a second one. Otherwise: the
+				// record names another region, is corrupt or missing, a
+				// restore is pending, or the registry refuses.
 				return err
 			}
 			if r.space != nil {
