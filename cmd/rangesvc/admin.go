@@ -92,10 +92,7 @@ func parseAdminFlags(args []string, stderr io.Writer) (adminConfig, error) {
 		return c, cli.Usagef("unknown command %q: want status, leases, fence, alarm or restore-fence", c.Command)
 	}
 	fs := cli.NewFlagSet(prog, "admin "+c.Command, stderr)
-	fs.Func("target", "rangesvc gRPC address(es) host:port[,host:port...] (required)", func(s string) error {
-		c.Targets = append(c.Targets, cli.SplitList(s)...)
-		return nil
-	})
+	targetFlag(fs, &c.Targets)
 	fs.StringVar(&c.Output, "o", "table", "output: table or json")
 	fs.DurationVar(&c.Timeout, "timeout", 10*time.Second, "give up after this long")
 	c.TLS.register(fs)
@@ -122,11 +119,13 @@ func parseAdminFlags(args []string, stderr io.Writer) (adminConfig, error) {
 	if err := cli.ParseFlags(fs, args); err != nil {
 		return c, err
 	}
-	switch {
-	case fs.NArg() > 0:
+	if fs.NArg() > 0 {
 		return c, cli.Usagef("unexpected arguments %q", fs.Args())
-	case len(c.Targets) == 0:
-		return c, cli.Usagef("--target is required")
+	}
+	if err := checkTargets(c.Targets); err != nil {
+		return c, err
+	}
+	switch {
 	case c.Output != "table" && c.Output != "json":
 		return c, cli.Usagef("-o %q: want table or json", c.Output)
 	case c.Timeout <= 0:
@@ -140,11 +139,6 @@ func parseAdminFlags(args []string, stderr io.Writer) (adminConfig, error) {
 		return c, cli.Usagef("--token %d is negative", c.Token)
 	case c.Margin < 0 || c.Margin > 10*time.Minute:
 		return c, cli.Usagef("--margin %v not in 0..10m", c.Margin)
-	}
-	for _, t := range c.Targets {
-		if err := checkEndpoint(t); err != nil {
-			return c, cli.Usagef("--target %v", err)
-		}
 	}
 	var err error
 	c.tls, err = c.TLS.config()

@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -33,14 +32,7 @@ type mintConfig struct {
 func parseMintFlags(args []string, stderr io.Writer) (mintConfig, error) {
 	var c mintConfig
 	fs := cli.NewFlagSet(prog, "mint", stderr)
-	fs.Func("target", "rangesvc gRPC address(es) host:port[,host:port...] (required)", func(s string) error {
-		for _, t := range strings.Split(s, ",") {
-			if t = strings.TrimSpace(t); t != "" {
-				c.Targets = append(c.Targets, t)
-			}
-		}
-		return nil
-	})
+	targetFlag(fs, &c.Targets)
 	fs.IntVar(&c.N, "n", 0, fmt.Sprintf("number of IDs to print (1..%d, required)", maxMint))
 	fs.IntVar(&c.Region, "region", -1, "region (0..3) the service must serve; -1: whichever it serves, asked from it")
 	fs.DurationVar(&c.Timeout, "timeout", 30*time.Second, "give up after this long")
@@ -54,22 +46,19 @@ func parseMintFlags(args []string, stderr io.Writer) (mintConfig, error) {
 	if err := cli.ParseFlags(fs, args); err != nil {
 		return c, err
 	}
-	switch {
-	case fs.NArg() > 0:
+	if fs.NArg() > 0 {
 		return c, cli.Usagef("unexpected arguments %q", fs.Args())
-	case len(c.Targets) == 0:
-		return c, cli.Usagef("--target is required")
+	}
+	if err := checkTargets(c.Targets); err != nil {
+		return c, err
+	}
+	switch {
 	case c.N < 1 || c.N > maxMint:
 		return c, cli.Usagef("-n %d not in 1..%d", c.N, maxMint)
 	case c.Region < -1 || c.Region > snowflake.MaxRegion:
 		return c, cli.Usagef("--region %d not in 0..%d", c.Region, snowflake.MaxRegion)
 	case c.Timeout <= 0:
 		return c, cli.Usagef("--timeout %v must be positive", c.Timeout)
-	}
-	for _, t := range c.Targets {
-		if err := checkEndpoint(t); err != nil {
-			return c, cli.Usagef("--target %v", err)
-		}
 	}
 	var err error
 	c.tls, err = c.TLS.config()
