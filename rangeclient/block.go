@@ -103,33 +103,16 @@ func (b *block) floorL(now int64) int64 {
 	return ((now + b.offset) / nsPerMs) << seqBits
 }
 
-// take1 reserves one position: max(cursor+1, t<<12), if still below hi.
-// It is the whole hot path: a load, a compare-and-swap, no allocation.
-func (b *block) take1(now int64) (int64, bool) {
-	tl := b.floorL(now)
-	for {
-		cur := b.cursor.Load()
-		l := cur + 1
-		if tl > l {
-			l = tl
-		}
-		if l >= b.hi {
-			return 0, false
-		}
-		if l == cur+1 {
-			if b.cursor.CompareAndSwap(cur, l) {
-				return l, true
-			}
-			continue
-		}
-		// A jump: count the gap before publishing the cursor, so a reader
-		// of minted() never sees the cursor without its gap.
-		b.skipped.Add(l - cur - 1)
-		if b.cursor.CompareAndSwap(cur, l) {
-			return l, true
-		}
-		b.skipped.Add(-(l - cur - 1))
-	}
+// takeNext is the common case of take(now, 1), small enough to inline
+// into Next: the position right after the cursor, when the service's
+// millisecond at now has not passed it and the block still has it, taken
+// with one compare-and-swap. It reports false otherwise (the cursor must
+// jump to the clock, another call took the position first, or the block is
+// at its end), and the caller goes to take, which handles every case.
+func (b *block) takeNext(now int64) (int64, bool) {
+	cur := b.cursor.Load()
+	l := cur + 1
+	return l, l >= b.floorL(now) && l < b.hi && b.cursor.CompareAndSwap(cur, l)
 }
 
 // take reserves up to n consecutive positions starting at

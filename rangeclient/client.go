@@ -283,7 +283,11 @@ func (c *Client) Next(ctx context.Context) (snowflake.ID, error) {
 	if b := c.cur.Load(); b != nil {
 		now := c.now()
 		if c.fresh(b, now) {
-			if l, ok := b.take1(now); ok {
+			l, ok := b.takeNext(now)
+			if !ok {
+				l, _, ok = b.take(now, 1)
+			}
+			if ok {
 				if l >= b.kickAt {
 					c.prefetch(b)
 				}

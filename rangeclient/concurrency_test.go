@@ -140,36 +140,45 @@ func TestConcurrentCallersRacingOnJumps(t *testing.T) {
 	})
 }
 
-// Callers racing on jumps at the block itself: each take reads a local
+// Callers racing on jumps at the block itself: the takes read a local
 // instant 1 ms past the previous one (as a client reading the clock at 1
-// call per ms would), so every take1 and take is a jump of the cursor, the
-// path where concurrent callers add and take back speculative gap counts.
-// No position twice, and the block's minted count is exact. (The client
-// test above cannot make every call a jump: the client reads Go's
-// monotonic clock only.)
+// call per ms would), so every take is a jump of the cursor, the path where
+// concurrent callers add and take back speculative gap counts; a third of
+// the callers use Next's fast path (takeNext, then take of one when it
+// declines) at the instant as it is, so it races with the jumps. No
+// position twice, and the block's minted count is exact. (The client test
+// above cannot make every call a jump: the client reads Go's monotonic
+// clock only.)
 func TestBlockTakesRacingOnJumps(t *testing.T) {
-	const goroutines, ms = 32, 100_000
+	const goroutines, ms = 33, 100_000
 	sb := segment.Block{Region: 1, Worker: 7, Lo: 1 << seqBits, Hi: (ms + 1) << seqBits,
 		ServiceTime: snowflake.Epoch, ValidUntil: snowflake.Epoch.Add(time.Hour)}
 	l := &leaseState{}
 	b := newBlock(sb, l, 0, 0)
 	var clock atomic.Int64 // local instant of the next take, ns
+	var fast atomic.Int64  // positions takeNext took
 	out := make([][]int64, goroutines)
 	var wg sync.WaitGroup
 	for g := range goroutines {
 		out[g] = make([]int64, 0, 4*ms/goroutines) // no growth while racing
 		wg.Go(func() {
 			for {
-				now := clock.Add(nsPerMs)
-				if g%2 == 0 {
-					p, ok := b.take1(now)
-					if !ok {
-						return
+				var f, k int64
+				var ok bool
+				switch g % 3 {
+				case 0:
+					now := clock.Load()
+					if f, ok = b.takeNext(now); ok {
+						k = 1
+						fast.Add(1)
+					} else {
+						f, k, ok = b.take(now, 1)
 					}
-					out[g] = append(out[g], p)
-					continue
+				case 1:
+					f, k, ok = b.take(clock.Add(nsPerMs), 1)
+				default:
+					f, k, ok = b.take(clock.Add(nsPerMs), 3)
 				}
-				f, k, ok := b.take(now, 3)
 				if !ok {
 					return
 				}
@@ -191,6 +200,56 @@ func TestBlockTakesRacingOnJumps(t *testing.T) {
 	}
 	if got := b.minted(); got != int64(len(seen)) {
 		t.Fatalf("block minted = %d, taken %d", got, len(seen))
+	}
+	if fast.Load() == 0 {
+		t.Fatal("takeNext never took a position: the fast path was not raced")
+	}
+}
+
+// takeNext takes exactly what take(now, 1) would, or declines and changes
+// nothing: from a cursor behind, at and ahead of the clock's floor, at the
+// block's last position and past its end.
+func TestTakeNextIsTakeOfOne(t *testing.T) {
+	const lo, hi = 10 << seqBits, 12 << seqBits
+	sb := segment.Block{Region: 1, Worker: 7, Lo: lo, Hi: hi,
+		ServiceTime: snowflake.Epoch, ValidUntil: snowflake.Epoch.Add(time.Hour)}
+	for _, tc := range []struct {
+		name     string
+		cursor   int64 // last position taken
+		ms       int64 // service millisecond at the take
+		wantNext bool  // takeNext takes (no jump needed, room left)
+	}{
+		{"first position, clock behind", lo - 1, 9, true},
+		{"first position, clock at it", lo - 1, 10, true},
+		{"mid block, clock behind", lo + 100, 10, true},
+		{"clock passed the cursor", lo + 100, 11, false},
+		{"last position", hi - 2, 11, true},
+		{"block used up", hi - 1, 11, false},
+		{"clock past the block", lo + 5, 12, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			now := tc.ms * nsPerMs
+			a, b := newBlock(sb, &leaseState{}, 0, 0), newBlock(sb, &leaseState{}, 0, 0)
+			a.cursor.Store(tc.cursor)
+			b.cursor.Store(tc.cursor)
+			got, ok := a.takeNext(now)
+			if ok != tc.wantNext {
+				t.Fatalf("takeNext ok = %v, want %v", ok, tc.wantNext)
+			}
+			if !ok {
+				if a.cursor.Load() != tc.cursor || a.skipped.Load() != 0 {
+					t.Fatalf("takeNext declined but moved the block: cursor %d, skipped %d", a.cursor.Load(), a.skipped.Load())
+				}
+				return
+			}
+			want, k, wok := b.take(now, 1)
+			if !wok || k != 1 || got != want {
+				t.Fatalf("takeNext = %d, take(now, 1) = %d, %d, %v", got, want, k, wok)
+			}
+			if a.cursor.Load() != b.cursor.Load() || a.skipped.Load() != b.skipped.Load() || a.minted() != b.minted() {
+				t.Fatalf("after takeNext cursor %d skipped %d, after take %d %d", a.cursor.Load(), a.skipped.Load(), b.cursor.Load(), b.skipped.Load())
+			}
+		})
 	}
 }
 
