@@ -21,17 +21,22 @@ import (
 // Client mints IDs from blocks granted by the range service. It is safe for
 // concurrent use. Build it with New; Close it to give its lease back.
 type Client struct {
+	// The fields Next reads come first, in one cache line (TestClientLayout).
+
+	cur atomic.Pointer[block] // block minted from
+	// origin is the client's start on Go's monotonic clock: every local
+	// instant is nanoseconds since it (Client.now), so a step of the wall
+	// clock cannot reach the client.
+	origin time.Time
+	// lanes are the client's further codes (Config.Codes - 1 of them), each
+	// a single-code Client over the same allocator; nil with one code.
+	lanes []*Client
+
 	cfg   Config
 	alloc segment.Allocator
 	conns []*grpc.ClientConn // none with Config.Allocator
 	log   *slog.Logger
 
-	// origin is the client's start on Go's monotonic clock: every local
-	// instant is nanoseconds since it (Client.now), so a step of the wall
-	// clock cannot reach the client.
-	origin time.Time
-
-	cur   atomic.Pointer[block] // block minted from
 	next  atomic.Pointer[block] // prefetched block, promoted when cur ends
 	lease atomic.Pointer[leaseState]
 
@@ -50,10 +55,6 @@ type Client struct {
 	closed    atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
-
-	// lanes are the client's further codes (Config.Codes - 1 of them), each
-	// a single-code Client over the same allocator; nil with one code.
-	lanes []*Client
 
 	waiters atomic.Int64 // callers blocked waiting for a block
 	stats   counters

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+	"unsafe"
 
 	"github.com/idrange/idrange/rangeclient/rangeclienttest"
 	"github.com/idrange/idrange/segment"
@@ -276,4 +277,34 @@ func mintConcurrently(t *testing.T, goroutines, n int, mint func() (snowflake.ID
 	}
 	wg.Wait()
 	return out
+}
+
+// The fields Next reads share the block's first cache line, and block's
+// size is a multiple of 64 bytes, so every block starts on a line (see
+// block and blockPad).
+func TestBlockLayout(t *testing.T) {
+	var b block
+	if size := unsafe.Sizeof(b); size%64 != 0 {
+		t.Fatalf("block is %d bytes, not a multiple of 64: set blockPad to %d", size, (64-(size-blockPad)%64)%64)
+	}
+	for name, off := range map[string]uintptr{
+		"cursor": unsafe.Offsetof(b.cursor), "hi": unsafe.Offsetof(b.hi), "base": unsafe.Offsetof(b.base),
+		"offset": unsafe.Offsetof(b.offset), "validUntil": unsafe.Offsetof(b.validUntil),
+		"kickAt": unsafe.Offsetof(b.kickAt), "lease": unsafe.Offsetof(b.lease),
+	} {
+		if off >= 64 {
+			t.Errorf("block.%s at offset %d: outside the first cache line", name, off)
+		}
+	}
+}
+
+// The Client fields Next reads share one cache line: the first, when the
+// allocator starts the Client on one (its size class is a multiple of 64
+// bytes).
+func TestClientLayout(t *testing.T) {
+	var c Client
+	if end := unsafe.Offsetof(c.lanes) + unsafe.Sizeof(c.lanes); end > 64 {
+		t.Fatalf("Client's hot fields end at byte %d: past the first cache line", end)
+	}
+	t.Logf("Client is %d bytes", unsafe.Sizeof(c))
 }
