@@ -15,8 +15,8 @@ const (
 )
 
 // block is one granted [lo, hi) of a code's linear space plus what the hot
-// path needs to follow the service's time. Everything but the atomics is
-// immutable after newBlock.
+// path needs to follow the service's time. Everything but state and kicked
+// is immutable after newBlock.
 type block struct {
 	// The fields Next reads come first and fill one cache line: block's
 	// size is a multiple of 64 bytes (blockPad), so the allocator's size
@@ -24,17 +24,20 @@ type block struct {
 	// interrupt has flushed the caches misses one line of the block, not
 	// two.
 
-	// cursor is the L of the last ID handed out (lo-1 before the first).
-	// It only grows: every successful CAS moves it forward.
-	cursor atomic.Int64
-	// skipped counts linear positions jumped over by the time-following
-	// cursor (gaps); minted = (cursor - (lo-1)) - skipped. It changes only
-	// on a jump (at most once per millisecond), never per ID, and is added
-	// before the cursor moves, so minted never over-counts.
-	skipped atomic.Int64
-
-	hi   int64 // exclusive end
-	base int64 // region<<20 | worker<<12, or'ed into every ID
+	// state holds the block's two counters in one word, so that one
+	// compare-and-swap moves both and every load sees them consistent:
+	//
+	//	bits  0-31: used, the positions passed: taken or jumped over; the
+	//	            cursor (the L of the last ID handed out) is lo-1+used
+	//	bits 32-63: skipped, the positions the time-following cursor jumped
+	//	            over (gaps)
+	//
+	// minted = used - skipped. Both only grow, and neither exceeds
+	// hi-lo <= maxSpan, so neither overflows its half.
+	state atomic.Uint64
+	lo    int64
+	hi    int64 // exclusive end
+	base  int64 // region<<20 | worker<<12, or'ed into every ID
 	// offset turns a local monotonic reading into the service's time:
 	// service ns since the epoch = now + offset (ServiceTime at grant +
 	// local time elapsed since the reply arrived; for a merged block, since
@@ -49,7 +52,6 @@ type block struct {
 	kickAt int64
 	lease  *leaseState
 
-	lo           int64
 	sent, arrive int64 // local monotonic instants of request and reply
 	seg          segment.Block
 	kicked       atomic.Bool
@@ -59,24 +61,45 @@ type block struct {
 
 // blockPad brings block to a multiple of 64 bytes (TestBlockLayout checks
 // it, and that the hot fields share the first line).
-const blockPad = 15
+const blockPad = 23
 
+// maxSpan is the most positions a block holds: what state's 32-bit halves
+// can count. It is 17 minutes of one code's time, far above one grant
+// (segment.MaxBlockLimit is 100 s); only a merged block could reach it
+// (see newBlock).
+const maxSpan = 1<<32 - 1
+
+// used and skipped are the two halves of a state word.
+func used(s uint64) int64    { return int64(uint32(s)) }
+func skipped(s uint64) int64 { return int64(s >> 32) }
+
+// advance is state word s after a take that jumps gap positions and then
+// takes k: used grows by gap+k, skipped by gap.
+func advance(s uint64, gap, k int64) uint64 { return s + uint64(gap+k) + uint64(gap)<<32 }
+
+// newBlock is the block for grant sb. Should sb ever hold more than maxSpan
+// positions, the block keeps the first maxSpan of them: the rest is never
+// minted, which is safe (a position not used is never used by anyone
+// else).
 func newBlock(sb segment.Block, l *leaseState, sent, arrive int64) *block {
-	b := &block{
-		hi:         sb.Hi,
+	hi := min(sb.Hi, sb.Lo+maxSpan)
+	return &block{
+		lo:         sb.Lo,
+		hi:         hi,
 		base:       int64(sb.Region)<<(snowflake.SequenceBits+snowflake.WorkerBits) | int64(sb.Worker)<<snowflake.SequenceBits,
 		offset:     sb.ServiceTime.Sub(snowflake.Epoch).Nanoseconds() - arrive,
 		validUntil: sent + sb.ValidUntil.Sub(sb.ServiceTime).Nanoseconds(),
-		kickAt:     sb.Hi, // set properly by the refill loop
+		kickAt:     hi, // set properly by the refill loop
 		lease:      l,
-		lo:         sb.Lo,
 		sent:       sent,
 		arrive:     arrive,
 		seg:        sb,
 	}
-	b.cursor.Store(sb.Lo - 1)
-	return b
 }
+
+// cursor is the L of the last ID handed out from the block (lo-1 before
+// the first).
+func (b *block) cursor() int64 { return b.lo - 1 + used(b.state.Load()) }
 
 // merge returns one block for a, followed by the contiguous grant b, or nil
 // when they cannot be one: b must follow a exactly ([a.lo, a.hi) then
@@ -90,8 +113,7 @@ func newBlock(sb segment.Block, l *leaseState, sent, arrive int64) *block {
 // own, so the floor passes a.hi no later than a's validity ends, and no
 // position of a is handed out after a itself would have stopped.
 func merge(a, b *block) *block {
-	if a == nil || b == nil || a.lease != b.lease || a.hi != b.lo ||
-		a.cursor.Load() != a.lo-1 || a.skipped.Load() != 0 {
+	if a == nil || b == nil || a.lease != b.lease || a.hi != b.lo || a.state.Load() != 0 {
 		return nil
 	}
 	sb := b.seg
@@ -114,41 +136,35 @@ func (b *block) floorL(now int64) int64 {
 	return ((now + b.offset) / nsPerMs) << seqBits
 }
 
-// takeNext is the common case of take(now, 1), small enough to inline
-// into Next: the position right after the cursor, when the service's
-// millisecond at now has not passed it and the block still has it, taken
-// with one compare-and-swap. It reports false otherwise (the cursor must
-// jump to the clock, another call took the position first, or the block is
-// at its end), and the caller goes to take, which handles every case.
-func (b *block) takeNext(now int64) (int64, bool) {
-	cur := b.cursor.Load()
-	l := cur + 1
-	return l, l >= b.floorL(now) && l < b.hi && b.cursor.CompareAndSwap(cur, l)
+// take1 is take(now, 1) in a single compare-and-swap attempt, with no
+// loop and no branch for a jump to the clock (the state word moves the
+// cursor and the gap count together), so that it inlines into Next: keep it
+// under the compiler's inlining budget (cost 77 of 80 with Go 1.26; see
+// `go build -gcflags=-m=2 ./rangeclient`). It reports false when the block
+// has no position left at now or another call moved the block first; the
+// caller then goes to take, which retries.
+func (b *block) take1(now int64) (int64, bool) {
+	s := b.state.Load()
+	next := b.lo + used(s)
+	l := max(next, b.floorL(now))
+	return l, l < b.hi && b.state.CompareAndSwap(s, advance(s, l-next, 1))
 }
 
 // take reserves up to n consecutive positions starting at
-// max(cursor+1, t<<12), all below hi, with one compare-and-swap.
+// max(cursor+1, t<<12), all below hi, with one compare-and-swap: a jump to
+// the clock and its gap count move together.
 func (b *block) take(now, n int64) (first, k int64, ok bool) {
 	tl := b.floorL(now)
 	for {
-		cur := b.cursor.Load()
-		f := cur + 1
-		if tl > f {
-			f = tl
-		}
+		s := b.state.Load()
+		next := b.lo + used(s)
+		f := max(next, tl)
 		if f >= b.hi {
 			return 0, 0, false
 		}
 		k := min(n, b.hi-f)
-		gap := f - cur - 1
-		if gap != 0 {
-			b.skipped.Add(gap)
-		}
-		if b.cursor.CompareAndSwap(cur, f+k-1) {
+		if b.state.CompareAndSwap(s, advance(s, f-next, k)) {
 			return f, k, true
-		}
-		if gap != 0 {
-			b.skipped.Add(-gap)
 		}
 	}
 }
@@ -165,7 +181,7 @@ func (b *block) finished(now int64) bool {
 	if now >= b.validUntil {
 		return true
 	}
-	return max(b.cursor.Load()+1, b.floorL(now)) >= b.hi
+	return max(b.cursor()+1, b.floorL(now)) >= b.hi
 }
 
 // left is how many positions can still be taken at now.
@@ -173,7 +189,7 @@ func (b *block) left(now int64) int64 {
 	if now >= b.validUntil {
 		return 0
 	}
-	return max(0, b.hi-max(b.cursor.Load()+1, b.floorL(now)))
+	return max(0, b.hi-max(b.cursor()+1, b.floorL(now)))
 }
 
 // seal ends the block: no take succeeds afterwards, so a caller still
@@ -181,23 +197,17 @@ func (b *block) left(now int64) int64 {
 // left are counted as skipped, so minted stays exact.
 func (b *block) seal() {
 	for {
-		cur := b.cursor.Load()
-		if cur >= b.hi-1 {
+		s := b.state.Load()
+		gap := b.hi - b.lo - used(s)
+		if gap <= 0 || b.state.CompareAndSwap(s, advance(s, gap, 0)) {
 			return
 		}
-		gap := b.hi - 1 - cur
-		b.skipped.Add(gap)
-		if b.cursor.CompareAndSwap(cur, b.hi-1) {
-			return
-		}
-		b.skipped.Add(-gap)
 	}
 }
 
-// minted is how many IDs were handed out from the block. It is exact when
-// no call is in flight on the block and never too high while calls run
-// (the cursor is read before the gap count that precedes it).
+// minted is how many IDs were handed out from the block: exact at every
+// instant, since one load reads both counters.
 func (b *block) minted() int64 {
-	cur := b.cursor.Load()
-	return max(0, cur-(b.lo-1)-b.skipped.Load())
+	s := b.state.Load()
+	return used(s) - skipped(s)
 }

@@ -284,7 +284,7 @@ func (c *Client) Next(ctx context.Context) (snowflake.ID, error) {
 	if b := c.cur.Load(); b != nil {
 		now := c.now()
 		if c.fresh(b, now) {
-			l, ok := b.takeNext(now)
+			l, ok := b.take1(now)
 			if !ok {
 				l, _, ok = b.take(now, 1)
 			}

@@ -141,12 +141,11 @@ func TestConcurrentCallersRacingOnJumps(t *testing.T) {
 	})
 }
 
-// Callers racing on jumps at the block itself: the takes read a local
+// Callers racing on jumps at the block itself: most takes read a local
 // instant 1 ms past the previous one (as a client reading the clock at 1
-// call per ms would), so every take is a jump of the cursor, the path where
-// concurrent callers add and take back speculative gap counts; a third of
-// the callers use Next's fast path (takeNext, then take of one when it
-// declines) at the instant as it is, so it races with the jumps. No
+// call per ms would), so they jump the cursor over a gap; a third of the
+// callers go through Next's path (take1, then take of one when it loses a
+// race), half of those jumping and half at the instant as it is. No
 // position twice, and the block's minted count is exact. (The client test
 // above cannot make every call a jump: the client reads Go's monotonic
 // clock only.)
@@ -157,7 +156,7 @@ func TestBlockTakesRacingOnJumps(t *testing.T) {
 	l := &leaseState{}
 	b := newBlock(sb, l, 0, 0)
 	var clock atomic.Int64 // local instant of the next take, ns
-	var fast atomic.Int64  // positions takeNext took
+	var fast atomic.Int64  // positions take1 took
 	out := make([][]int64, goroutines)
 	var wg sync.WaitGroup
 	for g := range goroutines {
@@ -169,7 +168,10 @@ func TestBlockTakesRacingOnJumps(t *testing.T) {
 				switch g % 3 {
 				case 0:
 					now := clock.Load()
-					if f, ok = b.takeNext(now); ok {
+					if g%2 == 0 {
+						now = clock.Add(nsPerMs)
+					}
+					if f, ok = b.take1(now); ok {
 						k = 1
 						fast.Add(1)
 					} else {
@@ -203,54 +205,128 @@ func TestBlockTakesRacingOnJumps(t *testing.T) {
 		t.Fatalf("block minted = %d, taken %d", got, len(seen))
 	}
 	if fast.Load() == 0 {
-		t.Fatal("takeNext never took a position: the fast path was not raced")
+		t.Fatal("take1 never took a position: the fast path was not raced")
 	}
 }
 
-// takeNext takes exactly what take(now, 1) would, or declines and changes
+// take1 takes exactly what take(now, 1) would, jumps included, or (only
+// when the block has no position left at now) declines and changes
 // nothing: from a cursor behind, at and ahead of the clock's floor, at the
 // block's last position and past its end.
-func TestTakeNextIsTakeOfOne(t *testing.T) {
+func TestTake1IsTakeOfOne(t *testing.T) {
 	const lo, hi = 10 << seqBits, 12 << seqBits
 	sb := segment.Block{Region: 1, Worker: 7, Lo: lo, Hi: hi,
 		ServiceTime: snowflake.Epoch, ValidUntil: snowflake.Epoch.Add(time.Hour)}
 	for _, tc := range []struct {
-		name     string
-		cursor   int64 // last position taken
-		ms       int64 // service millisecond at the take
-		wantNext bool  // takeNext takes (no jump needed, room left)
+		name   string
+		cursor int64 // last position taken
+		ms     int64 // service millisecond at the take
+		want   int64 // position taken, 0 for none
 	}{
-		{"first position, clock behind", lo - 1, 9, true},
-		{"first position, clock at it", lo - 1, 10, true},
-		{"mid block, clock behind", lo + 100, 10, true},
-		{"clock passed the cursor", lo + 100, 11, false},
-		{"last position", hi - 2, 11, true},
-		{"block used up", hi - 1, 11, false},
-		{"clock past the block", lo + 5, 12, false},
+		{"first position, clock behind", lo - 1, 9, lo},
+		{"first position, clock at it", lo - 1, 10, lo},
+		{"first position, clock past it", lo - 1, 11, 11 << seqBits},
+		{"mid block, clock behind", lo + 100, 10, lo + 101},
+		{"clock passed the cursor", lo + 100, 11, 11 << seqBits},
+		{"last position", hi - 2, 11, hi - 1},
+		{"block used up", hi - 1, 11, 0},
+		{"clock past the block", lo + 5, 12, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			now := tc.ms * nsPerMs
 			a, b := newBlock(sb, &leaseState{}, 0, 0), newBlock(sb, &leaseState{}, 0, 0)
-			a.cursor.Store(tc.cursor)
-			b.cursor.Store(tc.cursor)
-			got, ok := a.takeNext(now)
-			if ok != tc.wantNext {
-				t.Fatalf("takeNext ok = %v, want %v", ok, tc.wantNext)
+			// An earlier take brings each block to the cursor: a jump to
+			// the cursor's millisecond and the run up to it.
+			for _, x := range []*block{a, b} {
+				if tc.cursor >= lo {
+					x.take((tc.cursor>>seqBits)*nsPerMs, tc.cursor&seqMask+1)
+				}
+				if x.cursor() != tc.cursor {
+					t.Fatalf("setting up: cursor %d, want %d", x.cursor(), tc.cursor)
+				}
+			}
+			before := a.state.Load()
+			got, ok := a.take1(now)
+			want, k, wok := b.take(now, 1)
+			if ok != (tc.want != 0) || wok != ok {
+				t.Fatalf("take1 ok = %v, take(now, 1) ok = %v, want %v", ok, wok, tc.want != 0)
 			}
 			if !ok {
-				if a.cursor.Load() != tc.cursor || a.skipped.Load() != 0 {
-					t.Fatalf("takeNext declined but moved the block: cursor %d, skipped %d", a.cursor.Load(), a.skipped.Load())
+				if a.state.Load() != before {
+					t.Fatalf("take1 declined but moved the block: state %x, was %x", a.state.Load(), before)
 				}
 				return
 			}
-			want, k, wok := b.take(now, 1)
-			if !wok || k != 1 || got != want {
-				t.Fatalf("takeNext = %d, take(now, 1) = %d, %d, %v", got, want, k, wok)
+			if got != tc.want || want != tc.want || k != 1 {
+				t.Fatalf("take1 = %d, take(now, 1) = %d+%d, want %d", got, want, k, tc.want)
 			}
-			if a.cursor.Load() != b.cursor.Load() || a.skipped.Load() != b.skipped.Load() || a.minted() != b.minted() {
-				t.Fatalf("after takeNext cursor %d skipped %d, after take %d %d", a.cursor.Load(), a.skipped.Load(), b.cursor.Load(), b.skipped.Load())
+			if a.state.Load() != b.state.Load() {
+				t.Fatalf("after take1 state %x, after take %x", a.state.Load(), b.state.Load())
 			}
 		})
+	}
+}
+
+// A block counts what it hands out exactly at every step: takes, jumps
+// over a gap, and sealing, which counts the rest as skipped so no take
+// succeeds after it.
+func TestBlockCountsExactly(t *testing.T) {
+	const lo, hi = 10 << seqBits, 13 << seqBits
+	sb := segment.Block{Region: 1, Worker: 7, Lo: lo, Hi: hi,
+		ServiceTime: snowflake.Epoch, ValidUntil: snowflake.Epoch.Add(time.Hour)}
+	b := newBlock(sb, &leaseState{}, 0, 0)
+	ms := func(m int64) int64 { return m * nsPerMs }
+	steps := []struct {
+		name          string
+		do            func() (int64, int64, bool)
+		first, k      int64
+		minted, cur   int64
+		leftAt11ms    int64
+		finishedAt11m bool
+	}{
+		{"one at the start", func() (int64, int64, bool) { f, ok := b.take1(ms(10)); return f, 1, ok },
+			lo, 1, 1, lo, 2*4096 - 0, false},
+		{"five more", func() (int64, int64, bool) { return b.take(ms(10), 5) },
+			lo + 1, 5, 6, lo + 5, 2 * 4096, false},
+		{"jump to 11 ms", func() (int64, int64, bool) { return b.take(ms(11), 3) },
+			11 << seqBits, 3, 9, 11<<seqBits + 2, 2*4096 - 3, false},
+		{"past the end: up to hi", func() (int64, int64, bool) { return b.take(ms(12), 10_000) },
+			12 << seqBits, 4096, 9 + 4096, hi - 1, 0, true},
+	}
+	for _, st := range steps {
+		f, k, ok := st.do()
+		if !ok || f != st.first || k != st.k {
+			t.Fatalf("%s: took %d+%d (%v), want %d+%d", st.name, f, k, ok, st.first, st.k)
+		}
+		if b.minted() != st.minted || b.cursor() != st.cur {
+			t.Fatalf("%s: minted %d cursor %d, want %d %d", st.name, b.minted(), b.cursor(), st.minted, st.cur)
+		}
+		if got := b.left(ms(11)); got != st.leftAt11ms {
+			t.Fatalf("%s: left at 11 ms = %d, want %d", st.name, got, st.leftAt11ms)
+		}
+		if got := b.finished(ms(11)); got != st.finishedAt11m {
+			t.Fatalf("%s: finished at 11 ms = %v, want %v", st.name, got, st.finishedAt11m)
+		}
+	}
+	// A fresh block sealed part-way: the rest is skipped, nothing more.
+	c := newBlock(sb, &leaseState{}, 0, 0)
+	c.take(ms(10), 7)
+	c.seal()
+	if _, _, ok := c.take(ms(10), 1); ok {
+		t.Fatal("take succeeded on a sealed block")
+	}
+	if _, ok := c.take1(ms(10)); ok {
+		t.Fatal("take1 succeeded on a sealed block")
+	}
+	if c.minted() != 7 || c.cursor() != hi-1 {
+		t.Fatalf("sealed block: minted %d cursor %d, want 7 and %d", c.minted(), c.cursor(), hi-1)
+	}
+	// A grant longer than a block can count keeps its first maxSpan
+	// positions.
+	long := sb
+	long.Hi = lo + maxSpan + 5
+	if got := newBlock(long, &leaseState{}, 0, 0); got.hi != lo+maxSpan || got.kickAt != got.hi {
+		t.Fatalf("block of a %d-position grant: hi %d (kickAt %d), want %d", long.Hi-long.Lo, got.hi, got.kickAt, lo+maxSpan)
 	}
 }
 
@@ -288,7 +364,7 @@ func TestBlockLayout(t *testing.T) {
 		t.Fatalf("block is %d bytes, not a multiple of 64: set blockPad to %d", size, (64-(size-blockPad)%64)%64)
 	}
 	for name, off := range map[string]uintptr{
-		"cursor": unsafe.Offsetof(b.cursor), "hi": unsafe.Offsetof(b.hi), "base": unsafe.Offsetof(b.base),
+		"state": unsafe.Offsetof(b.state), "lo": unsafe.Offsetof(b.lo), "hi": unsafe.Offsetof(b.hi), "base": unsafe.Offsetof(b.base),
 		"offset": unsafe.Offsetof(b.offset), "validUntil": unsafe.Offsetof(b.validUntil),
 		"kickAt": unsafe.Offsetof(b.kickAt), "lease": unsafe.Offsetof(b.lease),
 	} {

@@ -401,7 +401,8 @@ func (c *Client) install(b *block) bool {
 }
 
 // mintedTotal is the number of IDs handed out so far. Each block's count
-// can only lag (see block.minted), and the result is kept monotonic.
+// is exact when it is read (block.minted), the blocks are read one after
+// another while calls go on, and the result is kept monotonic.
 func (c *Client) mintedTotal() int64 {
 	c.mu.Lock()
 	v := c.folded
