@@ -65,8 +65,9 @@ const blockPad = 23
 
 // maxSpan is the most positions a block holds: what state's 32-bit halves
 // can count. It is 17 minutes of one code's time, far above one grant
-// (segment.MaxBlockLimit is 100 s); only a merged block could reach it
-// (see newBlock).
+// (segment.MaxBlockLimit is 100 s) and above the reserve a merged block
+// holds (the refill loop keeps it within maxReserveAhead); newBlock keeps
+// the first maxSpan positions of anything longer all the same.
 const maxSpan = 1<<32 - 1
 
 // used and skipped are the two halves of a state word.

@@ -62,6 +62,11 @@ func onGridFrom(now time.Time, d time.Duration) time.Duration {
 	return d + time.Duration((int64(wakeGrid)-at%int64(wakeGrid))%int64(wakeGrid))
 }
 
+// maxReserveAhead caps the reserve whatever the lease's TTL: the reserve
+// is merged into the buffered next block, which must stay well under
+// maxSpan positions (17 minutes of a code's time).
+const maxReserveAhead = 10 * time.Minute
+
 // maxAheadMemory is how long a learnt maxAhead is kept.
 const maxAheadMemory = time.Minute
 
@@ -159,13 +164,14 @@ func (c *Client) kickAt(b *block) int64 {
 // reserveTarget is the local instant the client's granted span should
 // reach at now: the lease's safety deadline plus one renewal period (a
 // renewal moves the deadline by up to that much at once) plus
-// latencyFactor refill latencies, capped by MaxReserve and by what the
-// service allows (maxAhead). Zero when the reserve is off.
+// latencyFactor refill latencies, capped by maxReserveAhead, MaxReserve
+// and what the service allows (maxAhead). Zero when the reserve is off.
 func (c *Client) reserveTarget(l *leaseState, now int64) int64 {
 	if c.cfg.MaxReserve < 0 {
 		return 0
 	}
 	t := l.deadline.Load() + l.period + latencyFactor*c.pol.latency.Load()
+	t = min(t, now+int64(maxReserveAhead))
 	if c.cfg.MaxReserve > 0 {
 		t = min(t, now+int64(c.cfg.MaxReserve))
 	}

@@ -1,6 +1,7 @@
 package rangeclient
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -78,11 +79,13 @@ func leadAhead(svc *rangeclienttest.Service) int64 {
 
 // The reserve's cost is the code's HWM running ahead of the clock: by
 // default about TTL - SafetyMargin + renewal period (+ one RefillInterval),
-// at most MaxReserve (+ one RefillInterval) when set, and inside the
-// service's MaxLead without polling a service that answers backpressure.
+// at most MaxReserve (+ one RefillInterval) when set, never past
+// maxReserveAhead, and inside the service's MaxLead without polling a
+// service that answers backpressure.
 func TestReserveLead(t *testing.T) {
 	for _, tc := range []struct {
 		name            string
+		ttl             time.Duration // service; 0: 10 s
 		maxLead         time.Duration // service
 		maxReserve      time.Duration // client
 		minMs, maxMs    int64         // the HWM's lead at the end
@@ -90,15 +93,20 @@ func TestReserveLead(t *testing.T) {
 	}{
 		// TTL 10 s, margin 1 s, renewals every 3 s: the reserve reaches
 		// 9..12 s + 4 latencies, a request adds a RefillInterval.
-		{"default", 0, 0, 8_000, 14_000, 0},
-		{"MaxReserve 2s", 0, 2 * time.Second, 1_000, 3_100, 0},
+		{"default", 0, 0, 0, 8_000, 14_000, 0},
+		{"MaxReserve 2s", 0, 0, 2 * time.Second, 1_000, 3_100, 0},
 		// The service allows 6 s: one backpressure answer teaches the
 		// client, which then stays a RefillInterval inside it.
-		{"service MaxLead 6s", 6 * time.Second, 0, 3_000, 6_000, 2},
+		{"service MaxLead 6s", 0, 6 * time.Second, 0, 3_000, 6_000, 2},
+		// A one-hour TTL under a two-hour MaxLead: the reserve stops at
+		// maxReserveAhead, so the buffered block, into which the reserve
+		// is merged, stays under maxSpan.
+		{"TTL 1h", time.Hour, 2 * time.Hour, 0, 599_000, 602_000, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				svc := rangeclienttest.New(rangeclienttest.Options{Region: 1, Start: bubbleStart, TTL: 10 * time.Second, MaxLead: tc.maxLead})
+				ttl := cmp.Or(tc.ttl, 10*time.Second)
+				svc := rangeclienttest.New(rangeclienttest.Options{Region: 1, Start: bubbleStart, TTL: ttl, MaxLead: tc.maxLead})
 				c := newTestClient(t, svc.Conn(), func(cfg *Config) { cfg.MaxReserve = tc.maxReserve })
 				var ids []snowflake.ID
 				for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
