@@ -43,15 +43,24 @@ type block struct {
 	// local time elapsed since the reply arrived; for a merged block, since
 	// the request was sent: see merge).
 	offset int64
-	// validUntil is the local monotonic instant the block stops being
-	// usable: the sent time of the request plus (ValidUntil - ServiceTime).
-	// Measuring from the send (not the arrival) errs on the early side.
-	validUntil int64
+	// stop is the local instant from which the hot path no longer mints
+	// from the block: min(validUntil, the lease's safety deadline) as of
+	// when the client published the block or last renewed the lease, so
+	// that Next checks both in this cache line instead of following the
+	// lease pointer. It is 0 (never usable) until Client.install arms it,
+	// and it is never above min(validUntil, lease deadline): the deadline
+	// only moves forward until the lease is killed, and the client seals
+	// every block of a lease before it kills the lease (Client.killLease).
+	stop atomic.Int64
 	// kickAt: once the cursor reaches it, the hot path wakes the refill
 	// loop (the ID-based prefetch trigger).
 	kickAt int64
-	lease  *leaseState
 
+	// validUntil is the local monotonic instant the block stops being
+	// usable: the sent time of the request plus (ValidUntil - ServiceTime).
+	// Measuring from the send (not the arrival) errs on the early side.
+	validUntil   int64
+	lease        *leaseState
 	sent, arrive int64 // local monotonic instants of request and reply
 	seg          segment.Block
 	kicked       atomic.Bool
@@ -61,7 +70,7 @@ type block struct {
 
 // blockPad brings block to a multiple of 64 bytes (TestBlockLayout checks
 // it, and that the hot fields share the first line).
-const blockPad = 23
+const blockPad = 15
 
 // maxSpan is the most positions a block holds: what state's 32-bit halves
 // can count. It is 17 minutes of one code's time, far above one grant
@@ -101,6 +110,14 @@ func newBlock(sb segment.Block, l *leaseState, sent, arrive int64) *block {
 // cursor is the L of the last ID handed out from the block (lo-1 before
 // the first).
 func (b *block) cursor() int64 { return b.lo - 1 + used(b.state.Load()) }
+
+// arm raises stop to min(validUntil, l's deadline now). The client calls it
+// under its mutex when it publishes the block and after each renewal of
+// the block's lease; killLease seals blocks under the same mutex before it
+// kills a lease, so an armed block is never usable past its lease.
+func (b *block) arm() {
+	raise(&b.stop, min(b.validUntil, b.lease.deadline.Load()))
+}
 
 // merge returns one block for a, followed by the contiguous grant b, or nil
 // when they cannot be one: b must follow a exactly ([a.lo, a.hi) then

@@ -264,7 +264,8 @@ func (c *Client) fresh(b *block, now int64) bool {
 
 // Next returns a new ID. At steady state it is one clock reading and one
 // compare-and-swap on the current block, with no lock, no allocation and
-// no network call.
+// no network call; it reads one cache line of the Client and one of the
+// block (the block's stop stands for its lease's deadline: see block).
 //
 // It never mints under a lease past its safety deadline or fenced by the
 // service; it then waits, within ctx, for the client to acquire a new
@@ -283,7 +284,7 @@ func (c *Client) Next(ctx context.Context) (snowflake.ID, error) {
 	}
 	if b := c.cur.Load(); b != nil {
 		now := c.now()
-		if c.fresh(b, now) {
+		if now < b.stop.Load() {
 			l, ok := b.take1(now)
 			if !ok {
 				l, _, ok = b.take(now, 1)
@@ -341,7 +342,7 @@ func (c *Client) AppendN(ctx context.Context, dst []snowflake.ID, n int) ([]snow
 func (c *Client) reserve(ctx context.Context, n int64) (*block, int64, int64, error) {
 	if b := c.cur.Load(); b != nil {
 		now := c.now()
-		if c.fresh(b, now) {
+		if now < b.stop.Load() {
 			if f, k, ok := b.take(now, n); ok {
 				if f+k > b.kickAt {
 					c.prefetch(b)
@@ -556,8 +557,8 @@ func (c *Client) close() error {
 	l := c.lease.Load()
 	alive := l != nil && l.err(c.now()) == nil
 	if l != nil {
+		c.dropLeaseBlocksLocked(l) // before the kill: see killLease
 		l.kill(ErrClosed)
-		c.dropLeaseBlocksLocked(l)
 	}
 	c.broadcastLocked()
 	c.mu.Unlock()

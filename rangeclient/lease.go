@@ -195,11 +195,10 @@ func (c *Client) leaseLoop(l *leaseState) {
 		if !l.isKilled() {
 			now := c.now()
 			if l.err(now) != nil {
-				if l.kill(l.expired) {
+				if c.killLease(l, l.expired) {
 					c.stats.expiries.Add(1)
 					c.log.Warn("rangeclient: safety deadline passed without a successful renewal; minting stopped",
 						"worker", l.seg.Worker, "token", l.seg.Token, "cause", l.lastErr)
-					c.leaseDied(l)
 				}
 				continue
 			}
@@ -291,6 +290,7 @@ func (c *Client) renew(l *leaseState, bo *backoff) {
 	case err == nil && rl.TTL > 0:
 		safe := int64(rl.TTL - c.cfg.SafetyMargin)
 		if l.extend(sent+safe, now) {
+			c.armLeaseBlocks(l)
 			c.stats.renewals.Add(1)
 			l.nextRenew = sent + l.period
 			bo.reset()
@@ -322,20 +322,36 @@ func (c *Client) renew(l *leaseState, bo *backoff) {
 // fence kills l because the service no longer accepts it.
 func (c *Client) fence(l *leaseState, cause error, during string) {
 	err := fencedError(cause, "rangeclient: code %d/%d (token %d) fenced during %s", l.seg.Region, l.seg.Worker, l.seg.Token, during)
-	if l.kill(err) {
+	if c.killLease(l, err) {
 		c.stats.fenced.Add(1)
 		c.log.Error("rangeclient: lease fenced by the service; minting stopped", "worker", l.seg.Worker,
 			"token", l.seg.Token, "during", during, "err", cause)
-		c.leaseDied(l)
 	}
 }
 
-// leaseDied drops the buffered blocks of a killed lease and wakes waiters.
-func (c *Client) leaseDied(l *leaseState) {
+// killLease kills l with err and wakes waiters; it reports whether this
+// call was the one that killed it. The hot path checks a block's stop, not
+// its lease, so l's buffered blocks are sealed first, under the mutex that
+// install holds to arm a block: once l is killed, no block of it can mint.
+func (c *Client) killLease(l *leaseState, err error) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.dropLeaseBlocksLocked(l)
+	first := l.kill(err)
 	c.broadcastLocked()
+	return first
+}
+
+// armLeaseBlocks raises the stop of l's buffered blocks after a renewal
+// moved its deadline.
+func (c *Client) armLeaseBlocks(l *leaseState) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, b := range []*block{c.cur.Load(), c.next.Load()} {
+		if b != nil && b.lease == l {
+			b.arm()
+		}
+	}
 }
 
 // installLease makes nl the current lease unless the client is closing.

@@ -166,6 +166,7 @@ func TestFencedReplyStopsMintingAtOnce(t *testing.T) {
 				})
 				codeA := a.Lease().Lease
 				mustNext(t, a)
+				buffered := []*block{a.cur.Load(), a.next.Load()}
 
 				// The old lease ends and another owner takes the code. Only
 				// the call under test may carry the news (the other kind
@@ -228,6 +229,16 @@ func TestFencedReplyStopsMintingAtOnce(t *testing.T) {
 				if s := a.Stats(); s.Fenced != 1 {
 					t.Fatalf("Stats.Fenced = %d", s.Fenced)
 				}
+				// The hot path reads a block's stop, not its lease: the
+				// blocks A held under the fenced lease were sealed.
+				for _, b := range buffered {
+					if b == nil || b.lease.seg.Token != codeA.Token {
+						continue
+					}
+					if p, ok := b.take1(a.now()); ok {
+						t.Fatalf("a block of the fenced lease still hands out position %d", p)
+					}
+				}
 
 				// A recovers on another code once one is free for it.
 				close(blockAcquire)
@@ -251,6 +262,57 @@ func TestFencedReplyStopsMintingAtOnce(t *testing.T) {
 			})
 		})
 	}
+}
+
+// The stop a buffered block carries for the hot path is min(its validity,
+// its lease's deadline) from the moment the block is published, and it
+// follows the deadline as renewals move it; without renewals it stays put,
+// so minting ends at the deadline.
+func TestBlockStopFollowsTheLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc := fakeService(3 * time.Second)
+		conn := svc.Conn()
+		c := newTestClient(t, conn, shortLease)
+		check := func(when string) int64 {
+			t.Helper()
+			synctest.Wait()
+			var stop int64
+			for _, b := range []*block{c.cur.Load(), c.next.Load()} {
+				if b == nil {
+					continue
+				}
+				want := min(b.validUntil, b.lease.deadline.Load())
+				if got := b.stop.Load(); got != want {
+					t.Fatalf("%s: block stop %v, want min(validity %v, deadline %v)", when,
+						time.Duration(got), time.Duration(b.validUntil), time.Duration(b.lease.deadline.Load()))
+				}
+				stop = max(stop, want)
+			}
+			return stop
+		}
+		first := check("after New")
+		for range 5 {
+			time.Sleep(time.Second)
+			mustNext(t, c)
+		}
+		later := check("after 5 s of renewals")
+		if later <= first {
+			t.Fatalf("stop did not move with the renewals: %v, then %v", time.Duration(first), time.Duration(later))
+		}
+		if s := c.Stats(); s.Renewals == 0 {
+			t.Fatalf("no renewal in 5 s (%+v)", s)
+		}
+		// Renewals fail from now on: the stop stays where the last one
+		// left it, and Next fails from there.
+		conn.SetFault(rangeclienttest.Blackhole)
+		last := check("renewals failing")
+		time.Sleep(time.Duration(last-c.now()) - time.Millisecond)
+		mustNext(t, c)
+		time.Sleep(2 * time.Millisecond)
+		if _, err := c.Next(expiredCtx()); err == nil {
+			t.Fatal("Next minted past the stop its last renewal set")
+		}
+	})
 }
 
 // A renewal whose reply arrives after the safety deadline must not give the
@@ -339,4 +401,42 @@ func TestSlowRenewalKeepsTheLease(t *testing.T) {
 			t.Fatal("the client changed lease although every renewal succeeded")
 		}
 	})
+}
+
+// killLease seals the lease's buffered blocks, current and next, and only
+// then kills the lease: the hot path checks a block's stop, which a kill
+// does not touch, so a block left unsealed would go on minting.
+func TestKillLeaseSealsItsBlocks(t *testing.T) {
+	sl := segment.Lease{Region: 1, Worker: 7, Token: 3, TTL: 10 * time.Second}
+	l := newLeaseState(sl, 0, time.Second, 3*time.Second)
+	other := newLeaseState(segment.Lease{Region: 1, Worker: 8, Token: 4, TTL: 10 * time.Second}, 0, time.Second, 3*time.Second)
+	grant := func(lo int64, of *leaseState) *block {
+		b := newBlock(segment.Block{Region: 1, Worker: of.seg.Worker, Lo: lo << seqBits, Hi: (lo + 5) << seqBits,
+			ServiceTime: snowflake.Epoch, ValidUntil: snowflake.Epoch.Add(time.Hour)}, of, 0, 0)
+		b.arm()
+		return b
+	}
+	c := &Client{waitCh: make(chan struct{}), recent: make([]*block, 0, 8)}
+	cur, next, foreign := grant(1, l), grant(6, l), grant(1, other)
+	c.cur.Store(cur)
+	c.next.Store(next)
+	for _, b := range []*block{cur, next, foreign} {
+		if _, ok := b.take1(0); !ok {
+			t.Fatal("setting up: an armed block does not mint")
+		}
+	}
+	if !c.killLease(l, errors.New("test: fenced")) || l.err(0) == nil {
+		t.Fatal("killLease did not kill the lease")
+	}
+	for name, b := range map[string]*block{"current": cur, "next": next} {
+		if p, ok := b.take1(0); ok {
+			t.Fatalf("the %s block of the killed lease still hands out position %d", name, p)
+		}
+	}
+	if c.cur.Load() != nil || c.next.Load() != nil {
+		t.Fatal("the killed lease's blocks are still buffered")
+	}
+	if _, ok := foreign.take1(0); !ok {
+		t.Fatal("a block of another lease was sealed")
+	}
 }

@@ -391,8 +391,10 @@ func (c *Client) install(b *block) bool {
 	c.normalizeLocked(now)
 	switch {
 	case c.cur.Load() == nil:
+		b.arm()
 		c.cur.Store(b)
 	case c.next.Load() == nil:
+		b.arm()
 		c.next.Store(b)
 	default:
 		m := merge(c.next.Load(), b)
@@ -400,6 +402,7 @@ func (c *Client) install(b *block) bool {
 			return false
 		}
 		m.kickAt = c.kickAt(m)
+		m.arm()
 		c.next.Store(m)
 	}
 	c.broadcastLocked()
