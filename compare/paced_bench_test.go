@@ -57,20 +57,23 @@ func newBenchClient(b *testing.B) *rangeclient.Client {
 // figures as ratios to bwmarrin's.
 //
 // The calls are interleaved, so both libraries meet the same machine: in
-// every µs one call to each (and to the clock, below), a third of a µs
-// apart, their order going through every permutation in turn. Timing each library in its own phase instead lets the
-// machine's load drift between the phases, and on a shared 2-core machine
-// that drift is larger than the difference measured. Each call is timed
-// with two readings of Go's monotonic clock, the same for all; the third
-// column, "clock", times one more such reading and nothing else: the floor
-// both libraries stand on, since each reads the clock once per ID. Where
-// the clock ticks in steps of several ns (as on some VMs) the percentiles
-// fall on those steps, and the mean resolves what the steps hide. The range
-// client runs over the in-memory service (its refills happen in the
-// background, as over gRPC). ns/op is the pace (1 µs per round), not a
-// latency.
+// every µs one call to each column, evenly spaced, their order going
+// through every permutation in turn. Timing each library in its own phase
+// instead lets the machine's load drift between the phases, and on a
+// shared 2-core machine that drift is larger than the difference measured.
+// Each call is timed with two readings of Go's monotonic clock, the same
+// for all. Two control columns say how far the figures can be trusted:
+// "clock" times one more clock reading and nothing else, the floor both
+// libraries stand on (each reads the clock once per ID), and "bwmarrin2"
+// is a second bwmarrin node, so bwmarrin2/bwmarrin is what equal code
+// measures as (its distance from 1 is the run's noise). Where the clock
+// ticks in steps of several ns (10 ns on the VM this was written on) the
+// percentiles fall on those steps, and the mean resolves what the steps
+// hide. The range client runs over the in-memory service (its refills
+// happen in the background, as over gRPC). ns/op is the pace (1 µs per
+// round), not a latency.
 //
-//	go test ./compare -run '^$' -bench PacedLatency -benchtime 2000000x -count 4
+//	go test ./compare -run '^$' -bench PacedLatency -benchtime 2000000x -count 10
 //	go test ./compare -run '^$' -bench Burst3000 -benchtime 2000x -count 4
 func BenchmarkPacedLatency(b *testing.B) {
 	ctx := context.Background()
@@ -79,17 +82,23 @@ func BenchmarkPacedLatency(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	n2, err := bwsnow.NewNode(BwmarrinNode + 1)
+	if err != nil {
+		b.Fatal(err)
+	}
 	origin := time.Now()
 	var clockSink time.Duration
 	rc := &pacedCalls{name: "rangeclient", mint: func() { c.Next(ctx) }}
 	bw := &pacedCalls{name: "bwmarrin", mint: func() { n.Generate() }}
+	bw2 := &pacedCalls{name: "bwmarrin2", mint: func() { n2.Generate() }}
 	clock := &pacedCalls{name: "clock", mint: func() { clockSink += time.Since(origin) }}
-	pacedRounds(b, rc, bw, clock)
-	for _, p := range []*pacedCalls{rc, bw, clock} {
+	pacedRounds(b, rc, bw, bw2, clock)
+	for _, p := range []*pacedCalls{rc, bw, bw2, clock} {
 		p.report(b)
 	}
 	for _, m := range []string{"p50", "p99", "p99.9", "mean"} {
 		b.ReportMetric(rc.stat(m)/bw.stat(m), "rangeclient/bwmarrin-"+m)
+		b.ReportMetric(bw2.stat(m)/bw.stat(m), "bwmarrin2/bwmarrin-"+m)
 	}
 }
 
