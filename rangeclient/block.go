@@ -15,8 +15,8 @@ const (
 )
 
 // block is one granted [lo, hi) of a code's linear space plus what the hot
-// path needs to follow the service's time. Everything but state and kicked
-// is immutable after newBlock.
+// path needs to follow the service's time. Everything but state, stop and
+// kicked is immutable once the client publishes the block.
 type block struct {
 	// The fields Next reads come first and fill one cache line: block's
 	// size is a multiple of 64 bytes (blockPad), so the allocator's size
@@ -111,10 +111,11 @@ func newBlock(sb segment.Block, l *leaseState, sent, arrive int64) *block {
 // the first).
 func (b *block) cursor() int64 { return b.lo - 1 + used(b.state.Load()) }
 
-// arm raises stop to min(validUntil, l's deadline now). The client calls it
-// under its mutex when it publishes the block and after each renewal of
-// the block's lease; killLease seals blocks under the same mutex before it
-// kills a lease, so an armed block is never usable past its lease.
+// arm raises stop to min(validUntil, the lease's deadline now). The client
+// calls it under its mutex when it publishes the block and after each
+// renewal of the block's lease; killLease seals blocks under the same
+// mutex before it kills a lease, so an armed block is never usable past
+// its lease.
 func (b *block) arm() {
 	raise(&b.stop, min(b.validUntil, b.lease.deadline.Load()))
 }
