@@ -92,17 +92,19 @@ func TestSeveralCodes(t *testing.T) {
 	})
 }
 
-// BenchmarkAppendNCodes: one Client with 1 and 4 codes, offered 10M IDs/s
+// BenchmarkAppendNCodes: one Client with 1 and 4 codes, offered 12M IDs/s
 // in AppendN calls of 1,000 IDs from every P (paced: call k starts at
 // k*1,000/rate), against the in-memory service in real time. It reports
 // the achieved IDs/s and how far the newest ID's timestamp ran ahead of
 // the clock (lead-ms): one code caps at 4.096M IDs/s, falls behind the
 // schedule and runs ahead to the service's lead limit; four keep up and
-// stay at the clock. For the 20 s figure:
+// stay at the clock. The offer is above the 10M IDs/s the figure is
+// checked against, so that the pacing does not cap what is achieved. For
+// the 20 s figure:
 //
 //	go test -run '^$' -bench AppendNCodes -benchtime 20s ./rangeclient
 func BenchmarkAppendNCodes(b *testing.B) {
-	const rate, batch = 10_000_000, 1000
+	const rate, batch = 12_000_000, 1000
 	for _, codes := range []int{1, 4} {
 		b.Run(fmt.Sprintf("codes=%d", codes), func(b *testing.B) {
 			svc := rangeclienttest.New(rangeclienttest.Options{Region: 1})
