@@ -97,26 +97,7 @@ func TestServeEndToEnd(t *testing.T) {
 	}
 	// A 10 s block: its Hi runs ~10 s ahead of every clock, so only a
 	// persisted HWM can keep a later block above it.
-	// The code may be one an earlier mint left ahead of the clock, so
-	// that a 10 s block would pass the bounded lead: wait out the
-	// backpressure as a client does.
-	var b1 segment.Block
-	for {
-		b1, err = a.Allocate(ctx, lease, service.DefaultMaxBlock)
-		var bp *segment.Backpressure
-		if !errors.As(err, &bp) {
-			break
-		}
-		t.Logf("first 10 s block: %v", err)
-		select {
-		case <-time.After(bp.RetryAfter):
-		case <-ctx.Done():
-			t.Fatalf("first 10 s block: %v", context.Cause(ctx))
-		}
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	b1 := allocateWaiting(ctx, t, a, lease, service.DefaultMaxBlock, "first 10 s block")
 	if b1.Worker != lease.Worker || b1.Len() < 1 {
 		t.Fatalf("block %+v for lease %+v", b1, lease)
 	}
@@ -155,10 +136,7 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Fatalf("fault hook did not fire; stderr:\n%s", p.Stderr())
 	}
 	waitHealth(t, ctx, hc, healthpb.HealthCheckResponse_NOT_SERVING)
-	b2, err := a.Allocate(ctx, lease, 4096)
-	if err != nil {
-		t.Fatalf("grant with the service clock 2 s back: %v", err)
-	}
+	b2 := allocateWaiting(ctx, t, a, lease, 4096, "grant with the service clock 2 s back")
 	if b2.Lo < b1.Hi {
 		t.Fatalf("grant with the clock 2 s back starts at %d, below the HWM %d", b2.Lo, b1.Hi)
 	}
@@ -191,10 +169,7 @@ func TestServeEndToEnd(t *testing.T) {
 	if _, err := a2.Renew(ctx, lease); err != nil {
 		t.Fatalf("renew after restart: %v", err)
 	}
-	b3, err := a2.Allocate(ctx, lease, 4096)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b3 := allocateWaiting(ctx, t, a2, lease, 4096, "grant after the restart")
 	if b3.Lo < b1.Hi || b3.Lo < b2.Hi {
 		t.Fatalf("block after kill -9 and restart starts at %d, below earlier blocks' end %d / %d", b3.Lo, b1.Hi, b2.Hi)
 	}
@@ -287,4 +262,29 @@ func TestServeTwoReplicasExternalEtcd(t *testing.T) {
 	seen := map[snowflake.ID]bool{}
 	checkIDs(t, region, seen, testenv.Mint(t, []string{pa.GRPCAddr, pb.GRPCAddr}, region, 500))
 	checkIDs(t, region, seen, testenv.Mint(t, []string{pb.GRPCAddr}, region, 500))
+}
+
+// allocateWaiting grants about n IDs on lease, waiting out backpressure as a
+// client does: the test's code may be one an earlier mint left ahead of the
+// clock, and then b1's 10 s block takes its HWM near the bounded lead, where
+// the next grant (more so with the service clock set back) must wait for
+// the clock to catch up. Any other error fails the test.
+func allocateWaiting(ctx context.Context, t *testing.T, a segment.Allocator, lease segment.Lease, n int, what string) segment.Block {
+	t.Helper()
+	for {
+		b, err := a.Allocate(ctx, lease, n)
+		var bp *segment.Backpressure
+		if !errors.As(err, &bp) {
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			return b
+		}
+		t.Logf("%s: %v", what, err)
+		select {
+		case <-time.After(bp.RetryAfter):
+		case <-ctx.Done():
+			t.Fatalf("%s: %v", what, context.Cause(ctx))
+		}
+	}
 }
