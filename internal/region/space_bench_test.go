@@ -28,7 +28,7 @@ func BenchmarkBackendPerGrant(b *testing.B) {
 			cli := embedetcdtest.Client(b, etcd)
 			size0, inUse0, rev0 := backend(b, cli)
 			b.ResetTimer()
-			g := startGrantLoad(b, r.addr, 1, loadWorkers)
+			g := startGrantLoad(b, r.addr, 1, loadWorkers, 0)
 			for g.grants.Load() < int64(b.N) {
 				time.Sleep(10 * time.Millisecond) // poll pace
 			}

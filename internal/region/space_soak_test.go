@@ -4,7 +4,6 @@ package region_test
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -17,9 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/idrange/idrange/internal/region/regiontest"
 	"github.com/idrange/idrange/internal/testenv"
-	"github.com/idrange/idrange/internal/wire"
 )
 
 // Issue 14's soak: `rangesvc serve` on its embedded etcd under >= 2,000
@@ -53,7 +50,7 @@ func TestSoakSpacePlateaus(t *testing.T) {
 	}
 	defer cli.Close()
 
-	g := startPacedLoad(t, p.GRPCAddr, 1, 64, 3000)
+	g := startGrantLoad(t, p.GRPCAddr, 1, 64, 3000)
 	type point struct {
 		at                  time.Duration
 		grants              int64
@@ -110,50 +107,6 @@ func TestSoakSpacePlateaus(t *testing.T) {
 	if !strings.Contains(p.Stderr(), "compactor: compacted to revision") {
 		t.Error("serve logged no compaction")
 	}
-}
-
-// startPacedLoad is grantLoad at about rate grants/s in all (each of the
-// workers keeps its own schedule; one that falls behind runs flat out).
-func startPacedLoad(t testing.TB, addr string, region, workers int, rate float64) *grantLoad {
-	t.Helper()
-	a := wire.NewAllocator(regiontest.Dial(t, addr))
-	ctx, cancel := context.WithCancel(context.Background())
-	g := &grantLoad{cancel: cancel}
-	period := time.Duration(float64(workers) / rate * float64(time.Second))
-	for i := range workers {
-		l, err := a.Acquire(ctx, region, fmt.Sprintf("soak-load-%d", i))
-		if err != nil {
-			cancel()
-			t.Fatalf("acquire: %v", err)
-		}
-		g.wg.Go(func() {
-			renewed, next := time.Now(), time.Now()
-			for ctx.Err() == nil {
-				if time.Since(renewed) > time.Second {
-					if nl, err := a.Renew(ctx, l); err == nil {
-						l, renewed = nl, time.Now()
-					}
-				}
-				if d := time.Until(next); d > 0 {
-					time.Sleep(d) // pacing: the load's schedule
-				}
-				next = next.Add(period)
-				if _, err := a.Allocate(ctx, l, 1); err != nil {
-					if ctx.Err() != nil {
-						return
-					}
-					g.fails.Add(1)
-					g.mu.Lock()
-					g.lastErr = err
-					g.mu.Unlock()
-					continue
-				}
-				g.grants.Add(1)
-			}
-		})
-	}
-	t.Cleanup(g.stop)
-	return g
 }
 
 // scrapeMetrics reads the unlabelled samples of a Prometheus text page.

@@ -74,9 +74,8 @@ func (b *syncBuffer) String() string {
 	return b.b.String()
 }
 
-// grantLoad is a flat-out AllocateBlock load over gRPC: workers goroutines,
-// each holding its own code and granting 1-ID blocks (one HWM revision
-// each) as fast as the replica commits them.
+// grantLoad is an AllocateBlock load over gRPC: workers goroutines, each
+// holding its own code and granting 1-ID blocks (one HWM revision each).
 type grantLoad struct {
 	grants atomic.Int64
 	fails  atomic.Int64
@@ -88,11 +87,18 @@ type grantLoad struct {
 	wg     sync.WaitGroup
 }
 
-func startGrantLoad(t testing.TB, addr string, region, workers int) *grantLoad {
+// startGrantLoad starts a grantLoad at about rate grants/s in all (each
+// worker keeps its own schedule; one that falls behind runs flat out), or
+// with rate 0 flat out: as fast as the replica commits.
+func startGrantLoad(t testing.TB, addr string, region, workers int, rate float64) *grantLoad {
 	t.Helper()
 	a := wire.NewAllocator(regiontest.Dial(t, addr))
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &grantLoad{cancel: cancel}
+	var period time.Duration // between one worker's grants; 0: flat out
+	if rate > 0 {
+		period = time.Duration(float64(workers) / rate * float64(time.Second))
+	}
 	leases := make([]segment.Lease, workers)
 	for i := range leases {
 		l, err := a.Acquire(ctx, region, fmt.Sprintf("space-load-%d", i))
@@ -104,12 +110,18 @@ func startGrantLoad(t testing.TB, addr string, region, workers int) *grantLoad {
 	}
 	for _, l := range leases {
 		g.wg.Go(func() {
-			renewed := time.Now()
+			renewed, next := time.Now(), time.Now()
 			for ctx.Err() == nil {
 				if time.Since(renewed) > time.Second {
 					if nl, err := a.Renew(ctx, l); err == nil {
 						l, renewed = nl, time.Now()
 					}
+				}
+				if period > 0 {
+					if d := time.Until(next); d > 0 {
+						time.Sleep(d) // pacing: the load's schedule
+					}
+					next = next.Add(period)
 				}
 				if _, err := a.Allocate(ctx, l, 1); err != nil {
 					if ctx.Err() != nil {
@@ -119,7 +131,9 @@ func startGrantLoad(t testing.TB, addr string, region, workers int) *grantLoad {
 					g.mu.Lock()
 					g.lastErr = err
 					g.mu.Unlock()
-					time.Sleep(10 * time.Millisecond) // pace retries against a refusing store
+					if period == 0 {
+						time.Sleep(10 * time.Millisecond) // pace retries against a refusing store
+					}
 					continue
 				}
 				g.grants.Add(1)
@@ -172,7 +186,7 @@ func TestCompactionKeepsTheBackendUnderQuota(t *testing.T) {
 	etcd := embedetcdtest.StartConfig(t, embedetcd.Config{QuotaBackendBytes: spaceQuota, UnsafeNoFsync: true})
 	off := startSpaceReplica(t, etcd, region.ReplicaConfig{Region: 1, SpaceCheckInterval: 100 * time.Millisecond})
 	cli := embedetcdtest.Client(t, etcd)
-	g := startGrantLoad(t, off.addr, 1, loadWorkers)
+	g := startGrantLoad(t, off.addr, 1, loadWorkers, 0)
 	start := time.Now()
 	for gauge(t, off.rep.Registry(), "idrange_etcd_alarm", "alarm", "NOSPACE") != 1 {
 		if time.Since(start) > spaceFillLimit {
@@ -209,7 +223,7 @@ func TestCompactionKeepsTheBackendUnderQuota(t *testing.T) {
 	on := startSpaceReplica(t, etcd2, region.ReplicaConfig{Region: 1, SpaceCheckInterval: 100 * time.Millisecond,
 		CompactionInterval: spaceCompaction, CompactionRetention: spaceCompaction})
 	cli2 := embedetcdtest.Client(t, etcd2)
-	g2 := startGrantLoad(t, on.addr, 1, loadWorkers)
+	g2 := startGrantLoad(t, on.addr, 1, loadWorkers, 0)
 	start = time.Now()
 	var maxSize, maxInUse int64
 	// 3x the fill time, and (should the shared machine run the load slower
