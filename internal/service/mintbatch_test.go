@@ -2,8 +2,6 @@ package service
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,7 +11,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
-	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -85,15 +82,7 @@ func TestMintBatchBadCount(t *testing.T) {
 func TestMintBatchErrors(t *testing.T) {
 	f := newFixture(t, nil)
 	ctx := context.Background()
-	for _, tc := range []struct {
-		err  error
-		code codes.Code
-	}{
-		{fmt.Errorf("own lease: %w", segment.ErrLeaseLost), codes.Unavailable},
-		{fmt.Errorf("own lease: %w", segment.ErrFenced), codes.Unavailable},
-		{errors.New("no block yet"), codes.Unavailable},
-		{fmt.Errorf("end: %w", snowflake.ErrEpochExhausted), codes.OutOfRange},
-	} {
+	for _, tc := range minterErrors {
 		n := 0
 		f.svc.SetMinter(minterFunc(func(context.Context) (snowflake.ID, error) {
 			if n++; n > 10 {

@@ -502,20 +502,25 @@ func TestRunDetectsRollback(t *testing.T) {
 	}
 }
 
+// minterErrors are errors of the replica's own minter and the status code
+// a caller of Next or MintBatch gets for each: the replica's lease troubles
+// are Unavailable (the caller holds no lease), never FailedPrecondition.
+var minterErrors = []struct {
+	err  error
+	code codes.Code
+}{
+	{fmt.Errorf("own lease: %w", segment.ErrLeaseLost), codes.Unavailable},
+	{fmt.Errorf("own lease: %w", segment.ErrFenced), codes.Unavailable},
+	{errors.New("no block yet"), codes.Unavailable},
+	{fmt.Errorf("end: %w", snowflake.ErrEpochExhausted), codes.OutOfRange},
+}
+
 // The replica's own minting troubles are Unavailable to a Next caller (who
 // holds no lease), never FailedPrecondition.
 func TestNextErrors(t *testing.T) {
 	f := newFixture(t, nil)
 	ctx := context.Background()
-	for _, tc := range []struct {
-		err  error
-		code codes.Code
-	}{
-		{fmt.Errorf("own lease: %w", segment.ErrLeaseLost), codes.Unavailable},
-		{fmt.Errorf("own lease: %w", segment.ErrFenced), codes.Unavailable},
-		{errors.New("no block yet"), codes.Unavailable},
-		{fmt.Errorf("end: %w", snowflake.ErrEpochExhausted), codes.OutOfRange},
-	} {
+	for _, tc := range minterErrors {
 		f.svc.SetMinter(minterFunc(func(context.Context) (snowflake.ID, error) { return 0, tc.err }))
 		_, err := f.cli.Next(ctx, &idrangev1.NextRequest{})
 		if status.Code(err) != tc.code {
