@@ -21,13 +21,11 @@ func TestAdminOverMutualTLS(t *testing.T) {
 		t.Skip("subprocess test: skipped with -short")
 	}
 	p := newTestPKI(t, "minter-1", "operator")
-	srv := testenv.StartServe(t, testenv.ServeConfig{Region: 2, Args: []string{
-		"--tls-cert", p.server.Cert, "--tls-key", p.server.Key, "--tls-client-ca", p.ca,
+	srv := testenv.StartServe(t, testenv.ServeConfig{Region: 2, Args: p.serverFlags(
 		"--tls-allowed-identities", "cn:minter-*", "--tls-admin-identities", "cn:operator",
-	}})
+	)})
 	as := func(cn string, args ...string) []string {
-		return append(args, "--target", srv.GRPCAddr, "--timeout", "10s",
-			"--tls-ca", p.ca, "--tls-cert", p.clients[cn].Cert, "--tls-key", p.clients[cn].Key)
+		return append(append(args, "--target", srv.GRPCAddr, "--timeout", "10s"), p.clientFlags(cn)...)
 	}
 
 	tc, err := tlsfiles.Files{Cert: p.clients["minter-1"].Cert, Key: p.clients["minter-1"].Key, CA: p.ca}.ClientConfig()

@@ -68,10 +68,9 @@ func TestServeConfigExample(t *testing.T) {
 	if err := os.WriteFile(pw, []byte("secret\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c, err := parseServeFlags([]string{"--config", "../../docs/rangesvc.example.yaml",
-		"--tls-cert", p.server.Cert, "--tls-key", p.server.Key, "--tls-client-ca", p.ca,
+	c, err := parseServeFlags(append([]string{"--config", "../../docs/rangesvc.example.yaml"}, p.serverFlags(
 		"--etcd-cacert", p.ca, "--etcd-cert", p.clients["etcd-client"].Cert, "--etcd-key", p.clients["etcd-client"].Key,
-		"--etcd-password-file", pw}, &strings.Builder{})
+		"--etcd-password-file", pw)...), &strings.Builder{})
 	if err != nil {
 		t.Fatal(err)
 	}

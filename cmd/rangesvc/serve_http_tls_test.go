@@ -23,10 +23,9 @@ func TestHTTPAPIOverMutualTLS(t *testing.T) {
 		t.Skip("subprocess test: skipped with -short")
 	}
 	p := newTestPKI(t, "minter-1", "stranger")
-	srv := testenv.StartServe(t, testenv.ServeConfig{Region: 1, Args: []string{
-		"--tls-cert", p.server.Cert, "--tls-key", p.server.Key, "--tls-client-ca", p.ca,
+	srv := testenv.StartServe(t, testenv.ServeConfig{Region: 1, Args: p.serverFlags(
 		"--tls-allowed-identities", "cn:minter-*",
-	}})
+	)})
 	if srv.HTTPAddr == "" {
 		t.Fatalf("no HTTP API address in the log:\n%s", srv.Stderr())
 	}

@@ -59,6 +59,18 @@ func newTestPKI(t *testing.T, clientCNs ...string) *testPKI {
 	return p
 }
 
+// serverFlags are the serve flags for mutual TLS with p's server
+// certificate and CA, followed by more.
+func (p *testPKI) serverFlags(more ...string) []string {
+	return append([]string{"--tls-cert", p.server.Cert, "--tls-key", p.server.Key, "--tls-client-ca", p.ca}, more...)
+}
+
+// clientFlags are the client flags (mint, admin) for p's CA and the
+// certificate of client cn.
+func (p *testPKI) clientFlags(cn string) []string {
+	return []string{"--tls-ca", p.ca, "--tls-cert", p.clients[cn].Cert, "--tls-key", p.clients[cn].Key}
+}
+
 // Bad security flags exit 2 with a message naming the flag, before
 // anything starts.
 func TestSecurityBadFlags(t *testing.T) {
@@ -140,10 +152,9 @@ func TestServeMintOverMutualTLS(t *testing.T) {
 		t.Skip("subprocess test: skipped with -short")
 	}
 	p := newTestPKI(t, "minter-1", "stranger")
-	srv := testenv.StartServe(t, testenv.ServeConfig{Region: 3, Args: []string{
-		"--tls-cert", p.server.Cert, "--tls-key", p.server.Key, "--tls-client-ca", p.ca,
+	srv := testenv.StartServe(t, testenv.ServeConfig{Region: 3, Args: p.serverFlags(
 		"--tls-allowed-identities", "cn:minter-*", "--max-codes-per-identity", "2",
-	}})
+	)})
 	if !strings.Contains(srv.Stderr(), "serving mutual TLS") {
 		t.Fatalf("the log does not say how the port is secured:\n%s", srv.Stderr())
 	}
@@ -170,8 +181,7 @@ func TestServeMintOverMutualTLS(t *testing.T) {
 		}
 	}
 	client := func(cn string) []string {
-		return []string{"--target", srv.GRPCAddr, "-n", "1000", "--timeout", "5s",
-			"--tls-ca", p.ca, "--tls-cert", p.clients[cn].Cert, "--tls-key", p.clients[cn].Key}
+		return append([]string{"--target", srv.GRPCAddr, "-n", "1000", "--timeout", "5s"}, p.clientFlags(cn)...)
 	}
 	code, out, errs := mintCmd(t, client("minter-1")...)
 	if code != 0 || strings.Count(out, "\n") != 1000 {
