@@ -557,8 +557,7 @@ func (c *Client) close() error {
 	l := c.lease.Load()
 	alive := l != nil && l.err(c.now()) == nil
 	if l != nil {
-		c.dropLeaseBlocksLocked(l) // before the kill: see killLease
-		l.kill(ErrClosed)
+		c.killLeaseLocked(l, ErrClosed)
 	}
 	c.broadcastLocked()
 	c.mu.Unlock()

@@ -336,10 +336,15 @@ func (c *Client) fence(l *leaseState, cause error, during string) {
 func (c *Client) killLease(l *leaseState, err error) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.dropLeaseBlocksLocked(l)
-	first := l.kill(err)
+	first := c.killLeaseLocked(l, err)
 	c.broadcastLocked()
 	return first
+}
+
+// killLeaseLocked is killLease's seal-then-kill with c.mu held.
+func (c *Client) killLeaseLocked(l *leaseState, err error) bool {
+	c.dropLeaseBlocksLocked(l)
+	return l.kill(err)
 }
 
 // armLeaseBlocks raises the stop of l's buffered blocks after a renewal
