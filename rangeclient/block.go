@@ -53,8 +53,10 @@ type block struct {
 	// every block of a lease before it kills the lease (Client.killLease).
 	stop atomic.Int64
 	// kickAt: once the cursor reaches it, the hot path wakes the refill
-	// loop (the ID-based prefetch trigger).
+	// loop (the ID-based prefetch trigger), once: kicked says it did. From
+	// kickAt on every Next reads kicked, so it shares this line too.
 	kickAt int64
+	kicked atomic.Bool
 
 	// validUntil is the local monotonic instant the block stops being
 	// usable: the sent time of the request plus (ValidUntil - ServiceTime).
@@ -63,7 +65,6 @@ type block struct {
 	lease        *leaseState
 	sent, arrive int64 // local monotonic instants of request and reply
 	seg          segment.Block
-	kicked       atomic.Bool
 
 	_ [blockPad]byte
 }

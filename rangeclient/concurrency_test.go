@@ -366,7 +366,7 @@ func TestBlockLayout(t *testing.T) {
 	for name, off := range map[string]uintptr{
 		"state": unsafe.Offsetof(b.state), "lo": unsafe.Offsetof(b.lo), "hi": unsafe.Offsetof(b.hi), "base": unsafe.Offsetof(b.base),
 		"offset": unsafe.Offsetof(b.offset), "stop": unsafe.Offsetof(b.stop),
-		"kickAt": unsafe.Offsetof(b.kickAt),
+		"kickAt": unsafe.Offsetof(b.kickAt), "kicked": unsafe.Offsetof(b.kicked),
 	} {
 		if off >= 64 {
 			t.Errorf("block.%s at offset %d: outside the first cache line", name, off)
