@@ -32,8 +32,11 @@ type block struct {
 	//	bits 32-63: skipped, the positions the time-following cursor jumped
 	//	            over (gaps)
 	//
-	// minted = used - skipped. Both only grow, and neither exceeds
-	// hi-lo <= maxSpan, so neither overflows its half.
+	// minted = used - skipped, used counted up to hi-lo. Both only grow.
+	// skipped never exceeds hi-lo; used passes it only by the adds of
+	// callers that found the block with a position left and lost it to
+	// others (add1): at most one per caller in flight. hi-lo <= maxSpan
+	// leaves both halves room for that.
 	state atomic.Uint64
 	lo    int64
 	hi    int64 // exclusive end
@@ -73,12 +76,13 @@ type block struct {
 // it, and that the hot fields share the first line).
 const blockPad = 15
 
-// maxSpan is the most positions a block holds: what state's 32-bit halves
-// can count. It is 17 minutes of one code's time, far above one grant
+// maxSpan is the most positions a block holds: half of what state's 32-bit
+// halves can count, so that the adds past the end (see state) have 2^31 of
+// room. It is 8.7 minutes of one code's time, far above one grant
 // (segment.MaxBlockLimit is 100 s) and above the reserve a merged block
 // holds (the refill loop keeps it within maxReserveAhead); newBlock keeps
 // the first maxSpan positions of anything longer all the same.
-const maxSpan = 1<<32 - 1
+const maxSpan = 1<<31 - 1
 
 // used and skipped are the two halves of a state word.
 func used(s uint64) int64    { return int64(uint32(s)) }
@@ -110,7 +114,11 @@ func newBlock(sb segment.Block, l *leaseState, sent, arrive int64) *block {
 
 // cursor is the L of the last ID handed out from the block (lo-1 before
 // the first).
-func (b *block) cursor() int64 { return b.lo - 1 + used(b.state.Load()) }
+func (b *block) cursor() int64 { return b.lo - 1 + b.passed(b.state.Load()) }
+
+// passed is used in state word s, counted up to the block's end (add1 may
+// have passed it).
+func (b *block) passed(s uint64) int64 { return min(used(s), b.hi-b.lo) }
 
 // arm raises stop to min(validUntil, the lease's deadline now). The client
 // calls it under its mutex when it publishes the block and after each
@@ -154,6 +162,30 @@ func sendOffset(b *block) int64 {
 // monotonic instant now: t<<12 with t = service time in ms.
 func (b *block) floorL(now int64) int64 {
 	return ((now + b.offset) / nsPerMs) << seqBits
+}
+
+// until is the local instant before which the next position can be
+// taken as it is, with no jump to the clock: the end of its service
+// millisecond (the instant floorL passes it), capped by stop; 0 when no
+// position is left. It reads no clock, so Next calls it before reading
+// the clock, and only a comparison waits for the reading (see add1).
+func (b *block) until() int64 {
+	next := b.lo + used(b.state.Load())
+	if next >= b.hi {
+		return 0
+	}
+	return min(b.stop.Load(), ((next>>seqBits)+1)*nsPerMs-b.offset)
+}
+
+// add1 takes the next position with one atomic add, for a caller whose
+// clock reading came before until(). The cursor only moves forward, so
+// the position is at or after the one until saw: in the clock's
+// millisecond or ahead of it, where take1 would have taken it too. It
+// reports false past the block's end; such an add is counted in used
+// beyond hi-lo (see state), and callers that come later find until() 0.
+func (b *block) add1() (int64, bool) {
+	l := b.lo - 1 + used(b.state.Add(1))
+	return l, l < b.hi
 }
 
 // take1 is take(now, 1) in a single compare-and-swap attempt, with no
@@ -229,5 +261,5 @@ func (b *block) seal() {
 // instant, since one load reads both counters.
 func (b *block) minted() int64 {
 	s := b.state.Load()
-	return used(s) - skipped(s)
+	return b.passed(s) - skipped(s)
 }

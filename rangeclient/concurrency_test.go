@@ -2,6 +2,7 @@ package rangeclient
 
 import (
 	"context"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -141,41 +142,55 @@ func TestConcurrentCallersRacingOnJumps(t *testing.T) {
 	})
 }
 
-// Callers racing on jumps at the block itself: most takes read a local
-// instant 1 ms past the previous one (as a client reading the clock at 1
-// call per ms would), so they jump the cursor over a gap; a third of the
-// callers go through Next's path (take1, then take of one when it loses a
-// race), half of those jumping and half at the instant as it is. No
-// position twice, and the block's minted count is exact. (The client test
-// above cannot make every call a jump: the client reads Go's monotonic
-// clock only.)
+// Callers racing on jumps at the block itself, all started together, 2,000
+// takes each: most takes read a local instant 1 ms past the previous one
+// (as a client reading the clock at 1 call per ms would), so they jump the
+// cursor over a gap; a third of the callers go through Next's path (add1
+// while the clock reading is before until, else take1, then take of one
+// when it loses a race), half of those jumping and half reading an instant
+// in the cursor's own millisecond (as a caller does while the cursor is
+// ahead of the clock). No position twice, and the block's minted count is
+// exact. (The client test above cannot make every call a jump: the client
+// reads Go's monotonic clock only.)
 func TestBlockTakesRacingOnJumps(t *testing.T) {
-	const goroutines, ms = 33, 100_000
+	const goroutines, per, ms = 33, 2000, 100_000 // the block outlasts the jumps
 	sb := segment.Block{Region: 1, Worker: 7, Lo: 1 << seqBits, Hi: (ms + 1) << seqBits,
 		ServiceTime: snowflake.Epoch, ValidUntil: snowflake.Epoch.Add(time.Hour)}
 	l := &leaseState{}
 	b := newBlock(sb, l, 0, 0)
-	var clock atomic.Int64 // local instant of the next take, ns
-	var fast atomic.Int64  // positions take1 took
+	l.deadline.Store(math.MaxInt64)
+	b.arm()
+	var clock atomic.Int64       // local instant of the next take, ns
+	var added, fast atomic.Int64 // positions add1 and take1 took
 	out := make([][]int64, goroutines)
+	start := make(chan struct{})
 	var wg sync.WaitGroup
 	for g := range goroutines {
-		out[g] = make([]int64, 0, 4*ms/goroutines) // no growth while racing
+		out[g] = make([]int64, 0, 3*per) // no growth while racing
 		wg.Go(func() {
-			for {
+			<-start
+			for range per {
 				var f, k int64
 				var ok bool
 				switch g % 3 {
 				case 0:
-					now := clock.Load()
+					until := b.until()
+					now := (b.cursor() + 1) >> seqBits * nsPerMs // offset 0
 					if g%2 == 0 {
 						now = clock.Add(nsPerMs)
 					}
-					if f, ok = b.take1(now); ok {
-						k = 1
-						fast.Add(1)
-					} else {
-						f, k, ok = b.take(now, 1)
+					k = 1
+					switch {
+					case now < until:
+						if f, ok = b.add1(); ok {
+							added.Add(1)
+						}
+					case now < b.stop.Load():
+						if f, ok = b.take1(now); ok {
+							fast.Add(1)
+						} else {
+							f, k, ok = b.take(now, 1)
+						}
 					}
 				case 1:
 					f, k, ok = b.take(clock.Add(nsPerMs), 1)
@@ -183,6 +198,7 @@ func TestBlockTakesRacingOnJumps(t *testing.T) {
 					f, k, ok = b.take(clock.Add(nsPerMs), 3)
 				}
 				if !ok {
+					t.Errorf("goroutine %d: no position left in a block that outlasts the test", g)
 					return
 				}
 				for p := f; p < f+k; p++ {
@@ -191,6 +207,7 @@ func TestBlockTakesRacingOnJumps(t *testing.T) {
 			}
 		})
 	}
+	close(start)
 	wg.Wait()
 	seen := map[int64]bool{}
 	for _, ps := range out {
@@ -204,9 +221,10 @@ func TestBlockTakesRacingOnJumps(t *testing.T) {
 	if got := b.minted(); got != int64(len(seen)) {
 		t.Fatalf("block minted = %d, taken %d", got, len(seen))
 	}
-	if fast.Load() == 0 {
-		t.Fatal("take1 never took a position: the fast path was not raced")
+	if added.Load() == 0 || fast.Load() == 0 {
+		t.Fatalf("add1 took %d positions and take1 %d: Next's paths were not both raced", added.Load(), fast.Load())
 	}
+	t.Logf("add1 took %d positions, take1 %d, of %d", added.Load(), fast.Load(), len(seen))
 }
 
 // take1 takes exactly what take(now, 1) would, jumps included, or (only
@@ -264,6 +282,130 @@ func TestTake1IsTakeOfOne(t *testing.T) {
 				t.Fatalf("after take1 state %x, after take %x", a.state.Load(), b.state.Load())
 			}
 		})
+	}
+}
+
+// until is the instant the clock leaves the cursor's millisecond: a
+// clock reading before it means the next position is not behind the
+// clock's floor (take1 takes it as it is), one at or after it means take1
+// would jump; capped by stop, and 0 once no position is left. Checked on
+// both sides of every boundary, with a service clock offset that is not a
+// whole millisecond.
+func TestUntilIsTheCursorsMillisecond(t *testing.T) {
+	const lo, hi = 10 << seqBits, 14 << seqBits
+	sb := segment.Block{Region: 1, Worker: 7, Lo: lo, Hi: hi,
+		ServiceTime: snowflake.Epoch.Add(3*time.Millisecond + 12345), ValidUntil: snowflake.Epoch.Add(time.Hour)}
+	l := &leaseState{}
+	l.deadline.Store(math.MaxInt64)
+	for _, cursor := range []int64{lo - 1, lo, lo + 4094, lo + 4095, 11<<seqBits + 7, hi - 2, hi - 1} {
+		b := newBlock(sb, l, 0, 0)
+		b.arm()
+		if cursor >= lo {
+			b.state.Store(advance(0, 0, cursor-lo+1))
+		}
+		until := b.until()
+		if cursor == hi-1 {
+			if until != 0 {
+				t.Fatalf("cursor at the last position: until %d, want 0", until)
+			}
+			continue
+		}
+		for _, now := range []int64{until - nsPerMs, until - 1, until, until + 1, until + nsPerMs} {
+			next := cursor + 1
+			if asIs := next >= b.floorL(now); asIs != (now < until) {
+				t.Fatalf("cursor %d, now %d: until %d says as-is %v, floorL %d says %v", cursor, now, until, now < until, b.floorL(now), asIs)
+			}
+		}
+		// stop caps it.
+		b.stop.Store(until - 5)
+		if got := b.until(); got != until-5 {
+			t.Fatalf("cursor %d with stop %d: until %d, want the stop", cursor, until-5, got)
+		}
+	}
+}
+
+// add1 takes what take1 would whenever the clock reading is before until,
+// and past the block's end it fails, its adds counted beyond hi-lo without
+// reaching skipped: minted and the cursor stay exact, sealing and take
+// still see the block as used up. A block of maxSpan positions has room
+// for a billion such adds.
+func TestAdd1(t *testing.T) {
+	const lo, hi = 10 << seqBits, 12 << seqBits
+	sb := segment.Block{Region: 1, Worker: 7, Lo: lo, Hi: hi,
+		ServiceTime: snowflake.Epoch, ValidUntil: snowflake.Epoch.Add(time.Hour)}
+	l := &leaseState{}
+	l.deadline.Store(math.MaxInt64)
+	a, b := newBlock(sb, l, 0, 0), newBlock(sb, l, 0, 0)
+	a.arm()
+	b.arm()
+	now := int64(9 * nsPerMs)
+	jumps := 0
+	for i := 0; ; i++ {
+		if now >= a.until() {
+			now += nsPerMs / 3 // take1 jumps from here: let both follow
+			if p, ok1 := a.take1(now); ok1 {
+				if q, _, ok2 := b.take(now, 1); !ok2 || p != q {
+					t.Fatalf("take %d: take1 %d, take %d (%v)", i, p, q, ok2)
+				}
+				jumps++
+				continue
+			}
+			break
+		}
+		p, ok1 := a.add1()
+		q, ok2 := b.take1(now)
+		if p != q || ok1 != ok2 || a.state.Load() != b.state.Load() {
+			t.Fatalf("take %d at %d: add1 %d (%v), take1 %d (%v); states %x, %x", i, now, p, ok1, q, ok2, a.state.Load(), b.state.Load())
+		}
+		if !ok1 {
+			break
+		}
+		// 1,000 IDs/ms (the cursor falls behind the clock's floor, take1
+		// jumps at 11 ms) until 11.5 ms, then 20,000 IDs/ms to the end.
+		if now < 23*nsPerMs/2 {
+			now += 1000
+		} else {
+			now += 50
+		}
+	}
+	if a.cursor() != hi-1 || a.minted() != b.minted() || jumps == 0 {
+		t.Fatalf("used up: cursor %d, minted %d, %d jumps; want %d, %d and some", a.cursor(), a.minted(), jumps, hi-1, b.minted())
+	}
+
+	// Past the end: 64 racing callers, 1,000 adds each.
+	minted := a.minted()
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Go(func() {
+			for range 1000 {
+				if p, ok := a.add1(); ok {
+					t.Errorf("add1 past the end took %d", p)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if used(a.state.Load()) != hi-lo+64_000 || skipped(a.state.Load()) != skipped(b.state.Load()) {
+		t.Fatalf("after 64,000 adds past the end: used %d skipped %d, want %d and %d",
+			used(a.state.Load()), skipped(a.state.Load()), hi-lo+64_000, skipped(b.state.Load()))
+	}
+	if a.minted() != minted || a.cursor() != hi-1 || a.left(now) != 0 || !a.finished(now) {
+		t.Fatalf("after adds past the end: minted %d cursor %d left %d finished %v", a.minted(), a.cursor(), a.left(now), a.finished(now))
+	}
+	a.seal()
+	if _, _, ok := a.take(now, 1); ok || a.minted() != minted || skipped(a.state.Load()) != skipped(b.state.Load()) {
+		t.Fatalf("sealed after adds past the end: take ok %v, minted %d, skipped %d", ok, a.minted(), skipped(a.state.Load()))
+	}
+
+	// The largest block, used up: 2^30 adds past its end still leave
+	// skipped alone.
+	big := newBlock(segment.Block{Region: 1, Worker: 7, Lo: lo, Hi: lo + maxSpan + 1,
+		ServiceTime: snowflake.Epoch, ValidUntil: snowflake.Epoch.Add(time.Hour)}, l, 0, 0)
+	big.state.Store(advance(0, 0, maxSpan))
+	big.state.Add(1<<30 - 1)
+	if p, ok := big.add1(); ok || skipped(big.state.Load()) != 0 || big.minted() != maxSpan {
+		t.Fatalf("maxSpan block 2^30 adds past its end: add1 %d (%v), skipped %d, minted %d", p, ok, skipped(big.state.Load()), big.minted())
 	}
 }
 

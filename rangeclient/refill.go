@@ -64,8 +64,8 @@ func onGridFrom(now time.Time, d time.Duration) time.Duration {
 
 // maxReserveAhead caps the reserve whatever the lease's TTL: the reserve
 // is merged into the buffered next block, which must stay well under
-// maxSpan positions (17 minutes of a code's time).
-const maxReserveAhead = 10 * time.Minute
+// maxSpan positions (8.7 minutes of a code's time).
+const maxReserveAhead = 5 * time.Minute
 
 // maxAheadMemory is how long a learnt maxAhead is kept.
 const maxAheadMemory = time.Minute
