@@ -23,8 +23,10 @@
 // so IDs carry fresh timestamps at low rates and are dense at high rates; a
 // block is finished when the cursor reaches Hi or t passes the millisecond
 // of Hi-1 (the rest of it is a gap). Next is one monotonic clock reading and
-// one compare-and-swap on the current block: no lock, no allocation, no
-// network call. Only the refill path locks or calls the service.
+// one atomic add on the current block (a compare-and-swap for the first call
+// after the clock leaves the cursor's millisecond, which jumps the cursor):
+// no lock, no allocation, no network call. Only the refill path locks or
+// calls the service.
 //
 // The client holds two blocks: the current one and the next, which the
 // background refill loop requests before the current one runs out. At
