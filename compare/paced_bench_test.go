@@ -3,7 +3,6 @@ package compare
 import (
 	"context"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -72,9 +71,9 @@ func newBenchClient(b *testing.B) *rangeclient.Client {
 // ticks in steps of several ns (10 ns on the VM this was written on) the
 // percentiles fall on those steps; the mean and the counts above fixed
 // thresholds resolve what the steps hide (the thresholds suit a machine
-// whose clock reading costs tens of ns, as there). The range client runs over the in-memory service (its refills
-// happen in the background, as over gRPC). ns/op is the pace (1 µs per
-// round), not a latency.
+// whose clock reading costs tens of ns, as there). The range client runs
+// over the in-memory service (its refills happen in the background, as
+// over gRPC). ns/op is the pace (1 µs per round), not a latency.
 //
 //	go test ./compare -run '^$' -bench PacedLatency -benchtime 2000000x -count 10
 //	go test ./compare -run '^$' -bench Burst3000 -benchtime 2000x -count 4
@@ -99,10 +98,16 @@ func BenchmarkPacedLatency(b *testing.B) {
 	for _, p := range []*pacedCalls{rc, bw, bw2, clock} {
 		p.report(b)
 	}
-	for _, m := range pacedStats {
-		b.ReportMetric(rc.stat(m)/bw.stat(m), "rangeclient/bwmarrin-"+m)
-		b.ReportMetric(bw2.stat(m)/bw.stat(m), "bwmarrin2/bwmarrin-"+m)
+	for _, st := range pacedStats {
+		b.ReportMetric(st.of(rc.lat)/st.of(bw.lat), "rangeclient/bwmarrin-"+st.name)
+		b.ReportMetric(st.of(bw2.lat)/st.of(bw.lat), "bwmarrin2/bwmarrin-"+st.name)
 	}
+}
+
+// pacedStat is one figure of a library's sorted latencies.
+type pacedStat struct {
+	name, unit string
+	of         func(sorted []time.Duration) float64
 }
 
 // pacedStats are the figures reported per library: percentiles, the mean,
@@ -110,7 +115,38 @@ func BenchmarkPacedLatency(b *testing.B) {
 // on the clock's steps; the counts above a fixed threshold do not, so
 // their ratios show a shift of the distribution's body or tail that is
 // smaller than a step.
-var pacedStats = []string{"p50", "p99", "p99.9", "mean", "over100ns", "over150ns"}
+var pacedStats = []pacedStat{
+	{"p50", "ns", quantile(0.50)},
+	{"p99", "ns", quantile(0.99)},
+	{"p99.9", "ns", quantile(0.999)},
+	{"mean", "ns", meanOf},
+	{"over100ns", "calls", countOver(100 * time.Nanosecond)},
+	{"over150ns", "calls", countOver(150 * time.Nanosecond)},
+}
+
+// quantile is the q-quantile of sorted latencies, in ns.
+func quantile(q float64) func([]time.Duration) float64 {
+	return func(sorted []time.Duration) float64 {
+		return float64(sorted[min(int(q*float64(len(sorted))), len(sorted)-1)])
+	}
+}
+
+// meanOf is the mean latency, in ns.
+func meanOf(lat []time.Duration) float64 {
+	var sum time.Duration
+	for _, d := range lat {
+		sum += d
+	}
+	return float64(sum) / float64(len(lat))
+}
+
+// countOver is the number of calls that took longer than d.
+func countOver(d time.Duration) func([]time.Duration) float64 {
+	return func(sorted []time.Duration) float64 {
+		at, _ := slices.BinarySearch(sorted, d+1)
+		return float64(len(sorted) - at)
+	}
+}
 
 // pacedCalls is one library's side of a paced run: its mint call and the
 // latency of each call.
@@ -171,36 +207,9 @@ func pacedCall(start time.Time, due time.Duration, mint func()) time.Duration {
 	return time.Since(start) - t0
 }
 
-// report reports the mean and percentiles of the latencies (ns), and the
-// counts above the thresholds.
+// report reports every figure of pacedStats for p's latencies.
 func (p *pacedCalls) report(b *testing.B) {
-	for _, m := range pacedStats {
-		unit := "-ns"
-		if strings.HasPrefix(m, "over") {
-			unit = "-calls"
-		}
-		b.ReportMetric(p.stat(m), p.name+"-"+m+unit)
+	for _, st := range pacedStats {
+		b.ReportMetric(st.of(p.lat), p.name+"-"+st.name+"-"+st.unit)
 	}
-}
-
-// stat is one figure of the sorted latencies: a percentile, the mean, or
-// the number of calls above a threshold ("over100ns").
-func (p *pacedCalls) stat(m string) float64 {
-	if ns, ok := strings.CutPrefix(m, "over"); ok {
-		d, err := time.ParseDuration(ns)
-		if err != nil {
-			panic(err)
-		}
-		at, _ := slices.BinarySearch(p.lat, d+1)
-		return float64(len(p.lat) - at)
-	}
-	if m == "mean" {
-		var sum time.Duration
-		for _, d := range p.lat {
-			sum += d
-		}
-		return float64(sum) / float64(len(p.lat))
-	}
-	q := map[string]float64{"p50": 0.50, "p99": 0.99, "p99.9": 0.999}[m]
-	return float64(p.lat[min(int(q*float64(len(p.lat))), len(p.lat)-1)])
 }
