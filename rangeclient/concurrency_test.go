@@ -2,7 +2,6 @@ package rangeclient
 
 import (
 	"context"
-	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,7 +10,6 @@ import (
 	"unsafe"
 
 	"github.com/idrange/idrange/rangeclient/rangeclienttest"
-	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -154,11 +152,8 @@ func TestConcurrentCallersRacingOnJumps(t *testing.T) {
 // reads Go's monotonic clock only.)
 func TestBlockTakesRacingOnJumps(t *testing.T) {
 	const goroutines, per, ms = 33, 2000, 100_000 // the block outlasts the jumps
-	sb := segment.Block{Region: 1, Worker: 7, Lo: 1 << seqBits, Hi: (ms + 1) << seqBits,
-		ServiceTime: snowflake.Epoch, ValidUntil: snowflake.Epoch.Add(time.Hour)}
-	l := &leaseState{}
-	b := newBlock(sb, l, 0, 0)
-	l.deadline.Store(math.MaxInt64)
+	sb := hourGrant(1<<seqBits, (ms+1)<<seqBits)
+	b := newBlock(sb, openLease(), 0, 0)
 	b.arm()
 	var clock atomic.Int64       // local instant of the next take, ns
 	var added, fast atomic.Int64 // positions add1 and take1 took
@@ -233,8 +228,7 @@ func TestBlockTakesRacingOnJumps(t *testing.T) {
 // block's last position and past its end.
 func TestTake1IsTakeOfOne(t *testing.T) {
 	const lo, hi = 10 << seqBits, 12 << seqBits
-	sb := segment.Block{Region: 1, Worker: 7, Lo: lo, Hi: hi,
-		ServiceTime: snowflake.Epoch, ValidUntil: snowflake.Epoch.Add(time.Hour)}
+	sb := hourGrant(lo, hi)
 	for _, tc := range []struct {
 		name   string
 		cursor int64 // last position taken
@@ -293,10 +287,9 @@ func TestTake1IsTakeOfOne(t *testing.T) {
 // whole millisecond.
 func TestUntilIsTheCursorsMillisecond(t *testing.T) {
 	const lo, hi = 10 << seqBits, 14 << seqBits
-	sb := segment.Block{Region: 1, Worker: 7, Lo: lo, Hi: hi,
-		ServiceTime: snowflake.Epoch.Add(3*time.Millisecond + 12345), ValidUntil: snowflake.Epoch.Add(time.Hour)}
-	l := &leaseState{}
-	l.deadline.Store(math.MaxInt64)
+	sb := hourGrant(lo, hi)
+	sb.ServiceTime = snowflake.Epoch.Add(3*time.Millisecond + 12345)
+	l := openLease()
 	for _, cursor := range []int64{lo - 1, lo, lo + 4094, lo + 4095, 11<<seqBits + 7, hi - 2, hi - 1} {
 		b := newBlock(sb, l, 0, 0)
 		b.arm()
@@ -331,10 +324,8 @@ func TestUntilIsTheCursorsMillisecond(t *testing.T) {
 // for a billion such adds.
 func TestAdd1(t *testing.T) {
 	const lo, hi = 10 << seqBits, 12 << seqBits
-	sb := segment.Block{Region: 1, Worker: 7, Lo: lo, Hi: hi,
-		ServiceTime: snowflake.Epoch, ValidUntil: snowflake.Epoch.Add(time.Hour)}
-	l := &leaseState{}
-	l.deadline.Store(math.MaxInt64)
+	sb := hourGrant(lo, hi)
+	l := openLease()
 	a, b := newBlock(sb, l, 0, 0), newBlock(sb, l, 0, 0)
 	a.arm()
 	b.arm()
@@ -400,8 +391,7 @@ func TestAdd1(t *testing.T) {
 
 	// The largest block, used up: 2^30 adds past its end still leave
 	// skipped alone.
-	big := newBlock(segment.Block{Region: 1, Worker: 7, Lo: lo, Hi: lo + maxSpan + 1,
-		ServiceTime: snowflake.Epoch, ValidUntil: snowflake.Epoch.Add(time.Hour)}, l, 0, 0)
+	big := newBlock(hourGrant(lo, lo+maxSpan+1), l, 0, 0)
 	big.state.Store(advance(0, 0, maxSpan))
 	big.state.Add(1<<30 - 1)
 	if p, ok := big.add1(); ok || skipped(big.state.Load()) != 0 || big.minted() != maxSpan {
@@ -414,8 +404,7 @@ func TestAdd1(t *testing.T) {
 // succeeds after it.
 func TestBlockCountsExactly(t *testing.T) {
 	const lo, hi = 10 << seqBits, 13 << seqBits
-	sb := segment.Block{Region: 1, Worker: 7, Lo: lo, Hi: hi,
-		ServiceTime: snowflake.Epoch, ValidUntil: snowflake.Epoch.Add(time.Hour)}
+	sb := hourGrant(lo, hi)
 	b := newBlock(sb, &leaseState{}, 0, 0)
 	ms := func(m int64) int64 { return m * nsPerMs }
 	steps := []struct {

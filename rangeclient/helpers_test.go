@@ -2,6 +2,7 @@ package rangeclient
 
 import (
 	"context"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -18,6 +19,23 @@ var bubbleStart = time.Date(2030, time.March, 1, 12, 0, 0, 0, time.UTC)
 // fakeService returns an in-memory service for region 1 with TTL ttl.
 func fakeService(ttl time.Duration) *rangeclienttest.Service {
 	return rangeclienttest.New(rangeclienttest.Options{Region: 1, Start: bubbleStart, TTL: ttl})
+}
+
+// hourGrant is a grant of [lo, hi) on code 1/7 whose reply read the
+// service clock at the epoch (so local instant 0 is service time 0 for a
+// block built with sent = arrive = 0) and which stays valid for an hour:
+// the block tests' grant.
+func hourGrant(lo, hi int64) segment.Block {
+	return segment.Block{Region: 1, Worker: 7, Lo: lo, Hi: hi,
+		ServiceTime: snowflake.Epoch, ValidUntil: snowflake.Epoch.Add(time.Hour)}
+}
+
+// openLease is a lease whose safety deadline never comes, for block tests
+// that arm their blocks (stop is then the block's own validity).
+func openLease() *leaseState {
+	l := &leaseState{}
+	l.deadline.Store(math.MaxInt64)
+	return l
 }
 
 // newTestClient builds a client on conn with test-friendly defaults and
