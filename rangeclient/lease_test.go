@@ -411,8 +411,9 @@ func TestKillLeaseSealsItsBlocks(t *testing.T) {
 	l := newLeaseState(sl, 0, time.Second, 3*time.Second)
 	other := newLeaseState(segment.Lease{Region: 1, Worker: 8, Token: 4, TTL: 10 * time.Second}, 0, time.Second, 3*time.Second)
 	grant := func(lo int64, of *leaseState) *block {
-		b := newBlock(segment.Block{Region: 1, Worker: of.seg.Worker, Lo: lo << seqBits, Hi: (lo + 5) << seqBits,
-			ServiceTime: snowflake.Epoch, ValidUntil: snowflake.Epoch.Add(time.Hour)}, of, 0, 0)
+		sb := hourGrant(lo<<seqBits, (lo+5)<<seqBits)
+		sb.Worker = of.seg.Worker
+		b := newBlock(sb, of, 0, 0)
 		b.arm()
 		return b
 	}
