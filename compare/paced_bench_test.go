@@ -99,10 +99,17 @@ func BenchmarkPacedLatency(b *testing.B) {
 	}
 	origin := time.Now()
 	var clockSink time.Duration
-	rc := &pacedCalls{name: "rangeclient", mint: func() bool { id, _ := c.Next(ctx); return id.Sequence() == 0 }}
-	rc2 := &pacedCalls{name: "rangeclient2", mint: func() bool { id, _ := c2.Next(ctx); return id.Sequence() == 0 }}
-	bw := &pacedCalls{name: "bwmarrin", mint: func() bool { return n.Generate().Step() == 0 }}
-	bw2 := &pacedCalls{name: "bwmarrin2", mint: func() bool { return n2.Generate().Step() == 0 }}
+	// Each mint reports whether it minted sequence 0 (see pacedCalls).
+	next := func(c *rangeclient.Client) func() bool {
+		return func() bool { id, _ := c.Next(ctx); return id.Sequence() == 0 }
+	}
+	generate := func(n *bwsnow.Node) func() bool {
+		return func() bool { return n.Generate().Step() == 0 }
+	}
+	rc := &pacedCalls{name: "rangeclient", mint: next(c)}
+	rc2 := &pacedCalls{name: "rangeclient2", mint: next(c2)}
+	bw := &pacedCalls{name: "bwmarrin", mint: generate(n)}
+	bw2 := &pacedCalls{name: "bwmarrin2", mint: generate(n2)}
 	clock := &pacedCalls{name: "clock", mint: func() bool { clockSink += time.Since(origin); return false }}
 	all := []*pacedCalls{rc, rc2, bw, bw2, clock}
 	pacedRounds(b, all...)
