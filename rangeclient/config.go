@@ -136,9 +136,9 @@ type Config struct {
 	// an outage of the service or etcd shorter than the safe interval costs
 	// no minting at all (up to 5 minutes ahead, whatever the TTL); the price
 	// is that the code's high-water mark runs that far ahead of the clock
-	// (about TTL - SafetyMargin + RenewPeriod:
-	// 13 s with the defaults), so a successor of a crashed client mints
-	// timestamps up to that far ahead (package doc, "Reserve"). A positive
+	// (about TTL - SafetyMargin + RenewPeriod: 13 s with the defaults), so
+	// a successor of a crashed client mints timestamps up to that far ahead
+	// (package doc, "Reserve"). A positive
 	// value keeps the reserve (and that lead) at most this long; a negative
 	// value turns it off: blocks are then fetched only as the current one
 	// runs low, as PrefetchThreshold says.
