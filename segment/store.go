@@ -536,11 +536,21 @@ func (s *Store) HighWater(ctx context.Context, region, worker int) (int64, error
 }
 
 // fence decides whether l owns its code in view v and the caller (identity)
-// may act on it: nil if so; otherwise ErrLeaseLost (no owner: expired or
-// released), ErrFenced (another token owns the code), ErrInvalid (a token
-// never issued, or a lease_id that is not the one the owner is attached
-// to), ErrCorrupt, or ErrPermissionDenied (the lease is bound to another
+// may act on it: nil if so; otherwise ErrInvalid (a token never issued, or
+// a lease_id that is not the one the owner is attached to), ErrLeaseLost
+// (no owner: expired or released), ErrFenced (another token owns the code),
+// ErrCorrupt, or ErrPermissionDenied (the lease is bound to another
 // identity).
+//
+// Identity first. A caller names a lease by its code and token. When that
+// is not the code's live lease, the answer (ErrInvalid, ErrLeaseLost or
+// ErrFenced) is the same whoever asks and says nothing about the live
+// lease: no token, revision or lease id. When it is the live lease, the
+// caller's identity is checked before anything else about it is read or
+// revealed: a caller of another identity gets ErrPermissionDenied and a
+// message naming only the code, so a forged request learns neither the
+// lease id nor whether its guess of it was right. The details of a record
+// that does not decode go to the log, not to the caller.
 //
 // The identity is checked against the owner record whose CreateRevision is
 // l.Token. That record is immutable: nothing rewrites an owner entry, and a
@@ -552,27 +562,26 @@ func (s *Store) HighWater(ctx context.Context, region, worker int) (int64, error
 // between the check and the act: there is no read-then-act race.
 func (s *Store) fence(l Lease, v CodeView, identity string) error {
 	e := v.Owner
-	if l.Token > v.Rev {
-		return fmt.Errorf("token %d was never issued (store revision is %d): %w", l.Token, v.Rev, ErrInvalid)
-	}
-	if e == nil {
-		return fmt.Errorf("region %d worker %d token %d: lease key is gone (expired or released): %w",
-			l.Region, l.Worker, l.Token, ErrLeaseLost)
-	}
-	if e.CreateRevision != l.Token {
-		return fmt.Errorf("region %d worker %d: token %d, but the code is owned by token %d: %w",
-			l.Region, l.Worker, l.Token, e.CreateRevision, ErrFenced)
+	switch {
+	case l.Token > v.Rev:
+		return fmt.Errorf("region %d worker %d: the token was never issued: %w", l.Region, l.Worker, ErrInvalid)
+	case e == nil:
+		return fmt.Errorf("region %d worker %d: the lease is gone (expired or released): %w",
+			l.Region, l.Worker, ErrLeaseLost)
+	case e.CreateRevision != l.Token:
+		return fmt.Errorf("region %d worker %d: %w", l.Region, l.Worker, ErrFenced)
 	}
 	rec, err := s.checkRecord(e, l.Region, l.Worker)
 	if err != nil {
-		return err
-	}
-	if e.Lease != l.LeaseID {
-		return fmt.Errorf("lease_id %x is not the code's lease: %w", l.LeaseID, ErrInvalid)
+		// checkRecord logged the details (key, lease ids).
+		return fmt.Errorf("region %d worker %d: the owner record is invalid (details in the replica's log): %w",
+			l.Region, l.Worker, ErrCorrupt)
 	}
 	if rec.Identity != identity {
-		return fmt.Errorf("region %d worker %d token %d: caller identity %q did not acquire this lease: %w",
-			l.Region, l.Worker, l.Token, identity, ErrPermissionDenied)
+		return fmt.Errorf("region %d worker %d: %w", l.Region, l.Worker, ErrPermissionDenied)
+	}
+	if e.Lease != l.LeaseID {
+		return fmt.Errorf("region %d worker %d: lease_id %x is not the code's lease: %w", l.Region, l.Worker, l.LeaseID, ErrInvalid)
 	}
 	return nil
 }

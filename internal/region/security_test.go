@@ -221,17 +221,35 @@ func TestMutualTLS(t *testing.T) {
 		if _, err := a.Allocate(ctx, la, 4096); err != nil {
 			t.Fatal(err)
 		}
+		// Identity first: B's refusals name the code and nothing about
+		// A's lease (no token, revision or lease id: no digit after the
+		// code), and a guessed lease id gets the same answer as the
+		// right one, so B cannot tell whether its guess was right.
+		prefix := fmt.Sprintf("region 1 worker %d: ", la.Worker)
+		refused := func(what string, err error, want codes.Code) {
+			t.Helper()
+			msg := status.Convert(err).Message()
+			if status.Code(err) != want || !strings.HasPrefix(msg, prefix) || strings.ContainsAny(msg[len(prefix):], "0123456789") {
+				t.Fatalf("%s: %v; want %v with a message %q... and no number after it", what, err, want, prefix)
+			}
+		}
+		guessed := la
+		guessed.LeaseID++
 		replay := func() {
 			t.Helper()
-			if _, err := b.Renew(ctx, la); status.Code(err) != codes.PermissionDenied {
-				t.Fatalf("B renews A's lease: %v, want PermissionDenied", err)
+			for _, l := range []segment.Lease{la, guessed} {
+				_, err := b.Renew(ctx, l)
+				refused("B renews A's lease", err, codes.PermissionDenied)
+				refused("B releases A's lease", b.Release(ctx, l), codes.PermissionDenied)
+				_, err = b.Allocate(ctx, l, 4096)
+				refused("B allocates on A's lease", err, codes.PermissionDenied)
 			}
-			if err := b.Release(ctx, la); status.Code(err) != codes.PermissionDenied {
-				t.Fatalf("B releases A's lease: %v, want PermissionDenied", err)
-			}
-			if _, err := b.Allocate(ctx, la, 4096); status.Code(err) != codes.PermissionDenied {
-				t.Fatalf("B allocates on A's lease: %v, want PermissionDenied", err)
-			}
+			// A token that is not the live one is answered the same
+			// whoever asks: the named lease is not the code's.
+			stale := la
+			stale.Token--
+			_, err := b.Allocate(ctx, stale, 4096)
+			refused("B allocates with a stale token", err, codes.FailedPrecondition)
 		}
 		// Quiet: B's calls write nothing to etcd.
 		rev := s.etcdRev(t)
