@@ -378,6 +378,7 @@ func (x *RegionRecord) GetFencedToUnixMs() int64 {
 type RestoreFenceRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	MarginMs      int64                  `protobuf:"varint,1,opt,name=margin_ms,json=marginMs,proto3" json:"margin_ms,omitempty"` // added to max lead + max block span; 0: the default (5000)
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`                      // why, for the replica's audit log (printable, at most 256 bytes)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -417,6 +418,13 @@ func (x *RestoreFenceRequest) GetMarginMs() int64 {
 		return x.MarginMs
 	}
 	return 0
+}
+
+func (x *RestoreFenceRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
 }
 
 type RestoreFenceResponse struct {
@@ -874,6 +882,7 @@ type FenceRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Worker        uint32                 `protobuf:"varint,1,opt,name=worker,proto3" json:"worker,omitempty"` // 0..255
 	Token         int64                  `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`   // fence only if this token still owns the code; 0: the current owner
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`  // why, for the replica's audit log (printable, at most 256 bytes)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -920,6 +929,13 @@ func (x *FenceRequest) GetToken() int64 {
 		return x.Token
 	}
 	return 0
+}
+
+func (x *FenceRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
 }
 
 type FenceResponse struct {
@@ -1050,6 +1066,7 @@ type DisarmAlarmRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Type          string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`                          // NOSPACE (the only type that may be disarmed)
 	MemberId      uint64                 `protobuf:"varint,2,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"` // 0: every member with that alarm
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`                      // why, for the replica's audit log (printable, at most 256 bytes)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1096,6 +1113,13 @@ func (x *DisarmAlarmRequest) GetMemberId() uint64 {
 		return x.MemberId
 	}
 	return 0
+}
+
+func (x *DisarmAlarmRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
 }
 
 type DisarmAlarmResponse struct {
@@ -1192,9 +1216,10 @@ const file_admin_proto_rawDesc = "" +
 	" \x01(\tR\rrestoreReason\x121\n" +
 	"\x15restore_since_unix_ms\x18\v \x01(\x03R\x12restoreSinceUnixMs\x12$\n" +
 	"\x0efenced_unix_ms\x18\f \x01(\x03R\ffencedUnixMs\x12)\n" +
-	"\x11fenced_to_unix_ms\x18\r \x01(\x03R\x0efencedToUnixMs\"2\n" +
+	"\x11fenced_to_unix_ms\x18\r \x01(\x03R\x0efencedToUnixMs\"J\n" +
 	"\x13RestoreFenceRequest\x12\x1b\n" +
-	"\tmargin_ms\x18\x01 \x01(\x03R\bmarginMs\"\x8f\x01\n" +
+	"\tmargin_ms\x18\x01 \x01(\x03R\bmarginMs\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x8f\x01\n" +
 	"\x14RestoreFenceResponse\x120\n" +
 	"\x06record\x18\x01 \x01(\v2\x18.idrange.v1.RegionRecordR\x06record\x12!\n" +
 	"\fcodes_lifted\x18\x02 \x01(\rR\vcodesLifted\x12\"\n" +
@@ -1231,18 +1256,20 @@ const file_admin_proto_rawDesc = "" +
 	"\vhwm_lead_ms\x18\t \x01(\x03R\thwmLeadMs\x12\x14\n" +
 	"\x05error\x18\n" +
 	" \x01(\tR\x05error\x12\x1a\n" +
-	"\bidentity\x18\v \x01(\tR\bidentity\"<\n" +
+	"\bidentity\x18\v \x01(\tR\bidentity\"T\n" +
 	"\fFenceRequest\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\rR\x06worker\x12\x14\n" +
-	"\x05token\x18\x02 \x01(\x03R\x05token\"=\n" +
+	"\x05token\x18\x02 \x01(\x03R\x05token\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"=\n" +
 	"\rFenceResponse\x12,\n" +
 	"\x06fenced\x18\x01 \x01(\v2\x14.idrange.v1.LeaseRowR\x06fenced\"\x13\n" +
 	"\x11ListAlarmsRequest\"?\n" +
 	"\x12ListAlarmsResponse\x12)\n" +
-	"\x06alarms\x18\x01 \x03(\v2\x11.idrange.v1.AlarmR\x06alarms\"E\n" +
+	"\x06alarms\x18\x01 \x03(\v2\x11.idrange.v1.AlarmR\x06alarms\"]\n" +
 	"\x12DisarmAlarmRequest\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x1b\n" +
-	"\tmember_id\x18\x02 \x01(\x04R\bmemberId\"o\n" +
+	"\tmember_id\x18\x02 \x01(\x04R\bmemberId\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"o\n" +
 	"\x13DisarmAlarmResponse\x12-\n" +
 	"\bdisarmed\x18\x01 \x03(\v2\x11.idrange.v1.AlarmR\bdisarmed\x12)\n" +
 	"\x06alarms\x18\x02 \x03(\v2\x11.idrange.v1.AlarmR\x06alarms2\xca\x03\n" +

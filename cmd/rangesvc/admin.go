@@ -45,6 +45,9 @@ commands:
   restore-fence          after an etcd restore: lift every code's high-water mark
         [--margin D]     past what the lost writes could have granted, then let
                          the region grant again (docs/operations.md)
+
+fence, alarm disarm and restore-fence take --reason TEXT: the replica writes it,
+with the caller's identity, into its audit log line for the action.
 `
 
 // adminConfig is `rangesvc admin`'s flags. Transport security flags join it
@@ -58,6 +61,7 @@ type adminConfig struct {
 	Token   int64          // fence --token (0: the current owner, looked up first)
 	Member  uint64         // alarm disarm --member (0: every member)
 	Margin  time.Duration  // restore-fence --margin (0: the replica's default)
+	Reason  string         // fence, restore-fence, alarm disarm --reason (the replica's audit log)
 	TLS     clientTLSFlags // --tls-cert, --tls-key, --tls-ca, --tls-server-name
 
 	tls *tls.Config // loaded from TLS; nil: plaintext
@@ -96,6 +100,10 @@ func parseAdminFlags(args []string, stderr io.Writer) (adminConfig, error) {
 	fs.StringVar(&c.Output, "o", "table", "output: table or json")
 	fs.DurationVar(&c.Timeout, "timeout", 10*time.Second, "give up after this long")
 	c.TLS.register(fs)
+	switch c.Command {
+	case "fence", "restore-fence", "alarm disarm":
+		fs.StringVar(&c.Reason, "reason", "", "why, for the replica's audit log (printable, at most 256 bytes)")
+	}
 	switch c.Command {
 	case "fence":
 		fs.IntVar(&c.Worker, "worker", -1, "worker code to fence, 0..255 (required)")
@@ -600,7 +608,7 @@ func (a *adminRun) fence(ctx context.Context) error {
 	}
 	var resp *idrangev1.FenceResponse
 	by, err := a.first(ctx, func(c idrangev1.AdminServiceClient) (err error) {
-		resp, err = c.Fence(ctx, &idrangev1.FenceRequest{Worker: uint32(a.cfg.Worker), Token: token})
+		resp, err = c.Fence(ctx, &idrangev1.FenceRequest{Worker: uint32(a.cfg.Worker), Token: token, Reason: a.cfg.Reason})
 		return err
 	})
 	if err != nil {
@@ -637,7 +645,7 @@ func (a *adminRun) alarmList(ctx context.Context) error {
 func (a *adminRun) alarmDisarm(ctx context.Context) error {
 	var resp *idrangev1.DisarmAlarmResponse
 	if _, err := a.first(ctx, func(c idrangev1.AdminServiceClient) (err error) {
-		resp, err = c.DisarmAlarm(ctx, &idrangev1.DisarmAlarmRequest{Type: "NOSPACE", MemberId: a.cfg.Member})
+		resp, err = c.DisarmAlarm(ctx, &idrangev1.DisarmAlarmRequest{Type: "NOSPACE", MemberId: a.cfg.Member, Reason: a.cfg.Reason})
 		return err
 	}); err != nil {
 		return err

@@ -87,7 +87,7 @@ func (s statusJSON) regionRows() [][2]string {
 func (a *adminRun) restoreFence(ctx context.Context) error {
 	var resp *idrangev1.RestoreFenceResponse
 	by, err := a.first(ctx, func(c idrangev1.AdminServiceClient) (err error) {
-		resp, err = c.RestoreFence(ctx, &idrangev1.RestoreFenceRequest{MarginMs: a.cfg.Margin.Milliseconds()})
+		resp, err = c.RestoreFence(ctx, &idrangev1.RestoreFenceRequest{MarginMs: a.cfg.Margin.Milliseconds(), Reason: a.cfg.Reason})
 		return err
 	})
 	if err != nil {

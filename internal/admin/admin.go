@@ -26,6 +26,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -76,7 +78,8 @@ type Config struct {
 	Clock clock.Clock
 	// Timeout bounds each RPC's work. Default DefaultTimeout.
 	Timeout time.Duration
-	// Logger receives one line per fence and alarm disarm. Default: discard.
+	// Logger receives one audit line per fence, restore fence and alarm
+	// disarm, refused or failed ones included. Default: discard.
 	Logger *slog.Logger
 	// RegionRecord, if set, reads the region record for Status: the stored
 	// record, the error reading or decoding it, and the replica's current
@@ -225,18 +228,21 @@ func (s *Server) RestoreFence(ctx context.Context, req *idrangev1.RestoreFenceRe
 	if margin < 0 || margin > maxRestoreMargin {
 		return nil, status.Errorf(codes.InvalidArgument, "margin_ms %d not in 0..%d", req.GetMarginMs(), maxRestoreMargin.Milliseconds())
 	}
+	if err := checkReason(req.GetReason()); err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	res, err := s.cfg.RestoreFence(ctx, margin)
 	if err != nil {
-		s.log.Error("restore fence failed", "err", err, "peer", peerAddr(ctx))
+		s.audit(ctx, "restore-fence", req.GetReason(), err, "margin", margin)
 		if errors.Is(err, regionid.ErrCorrupt) || errors.Is(err, regionid.ErrMismatch) {
 			return nil, status.Error(codes.FailedPrecondition, err.Error())
 		}
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
-	s.log.Warn("restore fence", "fenced_to_unix_ms", res.Stored.Record.FencedToUnixMs, "codes_lifted", res.Lifted,
-		"txns", res.Txns, "peer", peerAddr(ctx))
+	s.audit(ctx, "restore-fence", req.GetReason(), nil, "margin", margin,
+		"fenced_to_unix_ms", res.Stored.Record.FencedToUnixMs, "codes_lifted", res.Lifted, "txns", res.Txns)
 	return &idrangev1.RestoreFenceResponse{Record: recordProto(res.Stored.Record), CodesLifted: uint32(res.Lifted),
 		Transactions: uint32(res.Txns)}, nil
 }
@@ -370,18 +376,57 @@ func (s *Server) Fence(ctx context.Context, req *idrangev1.FenceRequest) (*idran
 	if t := req.GetToken(); t < 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "token: %d is negative (0: the current owner)", t)
 	}
+	if err := checkReason(req.GetReason()); err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	li, err := s.cfg.Store.Fence(ctx, s.cfg.Region, int(req.GetWorker()), req.GetToken())
 	if err != nil {
+		s.audit(ctx, "fence", req.GetReason(), err, "worker", req.GetWorker(), "token", req.GetToken())
 		if errors.Is(err, segment.ErrLeaseLost) {
 			return nil, status.Error(codes.NotFound, err.Error())
 		}
 		return nil, toStatus(err)
 	}
-	s.log.Warn("admin fence", "worker", li.Worker, "token", li.Token, "lease_id", li.LeaseID,
-		"owner", li.Owner, "peer", peerAddr(ctx))
+	s.audit(ctx, "fence", req.GetReason(), nil, "worker", li.Worker, "token", li.Token,
+		"lease_id", fmt.Sprintf("%x", li.LeaseID), "owner", li.Owner, "owner_identity", li.Identity)
 	return &idrangev1.FenceResponse{Fenced: leaseRow(li)}, nil
+}
+
+// maxReasonLen bounds an admin request's reason: one audit log line.
+const maxReasonLen = 256
+
+// checkReason is the rule for an admin request's reason: printable UTF-8
+// of at most maxReasonLen bytes ("" is allowed). Errors are InvalidArgument.
+func checkReason(r string) error {
+	switch {
+	case len(r) > maxReasonLen:
+		return status.Errorf(codes.InvalidArgument, "reason: %d bytes, more than %d", len(r), maxReasonLen)
+	case !utf8.ValidString(r):
+		return status.Error(codes.InvalidArgument, "reason: not valid UTF-8")
+	}
+	for _, c := range r {
+		if !unicode.IsPrint(c) {
+			return status.Errorf(codes.InvalidArgument, "reason: contains the non-printable character %U", c)
+		}
+	}
+	return nil
+}
+
+// audit logs one admin action as an audit line (audit=true): the action,
+// the caller's verified identity (mutual TLS; "" without it) and address,
+// the operator's reason, the outcome, and what the action touched. Refused
+// and failed attempts are logged too.
+func (s *Server) audit(ctx context.Context, action, reason string, err error, attrs ...any) {
+	outcome := "ok"
+	if err != nil {
+		outcome = "failed"
+		attrs = append(attrs, "err", err)
+	}
+	attrs = append([]any{"audit", true, "action", action, "outcome", outcome,
+		"identity", segment.IdentityFrom(ctx), "peer", peerAddr(ctx), "reason", reason}, attrs...)
+	s.log.Warn("admin "+action, attrs...)
 }
 
 func peerAddr(ctx context.Context) string {
@@ -410,6 +455,9 @@ func (s *Server) DisarmAlarm(ctx context.Context, req *idrangev1.DisarmAlarmRequ
 	if req.GetType() != want.String() {
 		return nil, status.Errorf(codes.InvalidArgument, "type: %q; only %s may be disarmed", req.GetType(), want)
 	}
+	if err := checkReason(req.GetReason()); err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	list, err := s.cfg.Etcd.AlarmList(ctx)
@@ -421,11 +469,13 @@ func (s *Server) DisarmAlarm(ctx context.Context, req *idrangev1.DisarmAlarmRequ
 		if m.GetAlarm() != want || (req.GetMemberId() != 0 && m.GetMemberID() != req.GetMemberId()) {
 			continue
 		}
+		member := fmt.Sprintf("%x", m.GetMemberID())
 		if _, err := s.cfg.Etcd.AlarmDisarm(ctx, (*clientv3.AlarmMember)(m)); err != nil {
-			return nil, toStatus(etcdErr(err, fmt.Sprintf("disarm %s on member %x", want, m.GetMemberID())))
+			err = etcdErr(err, fmt.Sprintf("disarm %s on member %x", want, m.GetMemberID()))
+			s.audit(ctx, "alarm disarm", req.GetReason(), err, "alarm", want.String(), "member_id", member)
+			return nil, toStatus(err)
 		}
-		s.log.Warn("admin disarmed etcd alarm", "alarm", want.String(), "member_id", fmt.Sprintf("%x", m.GetMemberID()),
-			"peer", peerAddr(ctx))
+		s.audit(ctx, "alarm disarm", req.GetReason(), nil, "alarm", want.String(), "member_id", member)
 		resp.Disarmed = append(resp.Disarmed, &idrangev1.Alarm{MemberId: m.GetMemberID(), Type: want.String()})
 	}
 	if len(resp.Disarmed) == 0 {

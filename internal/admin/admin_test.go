@@ -1,12 +1,18 @@
 package admin_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
@@ -14,6 +20,7 @@ import (
 	"github.com/idrange/idrange/internal/embedetcd/embedetcdtest"
 	"github.com/idrange/idrange/internal/region"
 	"github.com/idrange/idrange/internal/region/regiontest"
+	"github.com/idrange/idrange/segment"
 )
 
 func TestNewValidates(t *testing.T) {
@@ -90,5 +97,68 @@ func TestErrorCodes(t *testing.T) {
 	}
 	if _, err := r.Store().Renew(ctx, l); err == nil {
 		t.Fatal("fenced lease still renews")
+	}
+}
+
+// Every fence is an audit line naming the caller's verified identity, its
+// address, the operator's reason and what was fenced; a refused fence is
+// one too. A reason that is not one printable line is refused before
+// anything is done.
+func TestFenceAuditLine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real region: skipped with -short")
+	}
+	r := regiontest.Start(t, region.Config{Region: 2, Etcd: embedetcdtest.Start(t)})
+	var logs bytes.Buffer
+	srv, err := admin.New(admin.Config{Region: 2, Store: r.Store(), Etcd: r.Client(),
+		Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := r.Store().Acquire(ctx, 2, "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opsCtx := peer.NewContext(segment.WithIdentity(ctx, "cn:ops-1"),
+		&peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 4242}})
+
+	for _, bad := range []string{strings.Repeat("x", 257), "two\nlines", "bad \xff utf-8"} {
+		_, err := srv.Fence(opsCtx, &idrangev1.FenceRequest{Worker: uint32(l.Worker), Reason: bad})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "reason") {
+			t.Fatalf("reason %q: %v, want InvalidArgument naming reason", bad, err)
+		}
+	}
+	if logs.Len() != 0 {
+		t.Fatalf("refused requests logged: %s", logs.String())
+	}
+	if _, err := srv.Fence(opsCtx, &idrangev1.FenceRequest{Worker: uint32(l.Worker), Token: l.Token + 1000, Reason: "stale"}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("fence by a stale token: %v", err)
+	}
+	if _, err := srv.Fence(opsCtx, &idrangev1.FenceRequest{Worker: uint32(l.Worker), Token: l.Token, Reason: "ticket OPS-17: stuck pod"}); err != nil {
+		t.Fatal(err)
+	}
+	var lines []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		lines = append(lines, m)
+	}
+	if len(lines) != 2 {
+		t.Fatalf("%d audit lines, want 2 (the refused fence and the fence):\n%s", len(lines), logs.String())
+	}
+	for i, want := range []struct{ outcome, reason string }{{"failed", "stale"}, {"ok", "ticket OPS-17: stuck pod"}} {
+		m := lines[i]
+		if m["audit"] != true || m["action"] != "fence" || m["outcome"] != want.outcome || m["reason"] != want.reason ||
+			m["identity"] != "cn:ops-1" || m["peer"] != "127.0.0.1:4242" || m["worker"] != float64(l.Worker) {
+			t.Errorf("audit line %d: %v; want action fence, outcome %s, reason %q, identity cn:ops-1, peer, worker %d",
+				i, m, want.outcome, want.reason, l.Worker)
+		}
+	}
+	if m := lines[1]; m["token"] != float64(l.Token) || m["owner"] != "held" || m["lease_id"] != fmt.Sprintf("%x", l.LeaseID) {
+		t.Errorf("audit line of the fence: %v; want token %d, owner held, lease_id %x", m, l.Token, l.LeaseID)
 	}
 }
