@@ -28,6 +28,16 @@ type Observer interface {
 	// Corrupt: a stored value under key does not decode; grants on that
 	// code stop until it is repaired.
 	Corrupt(key string, err error)
+	// HighWaterRegressed: the stored high-water mark of a code (seen; 0
+	// when the key is absent) is below floor, the highest this Store
+	// committed or read for it: the store went back. Grants on the code
+	// are refused with ErrHighWaterRegressed and Acquire skips it. Reported
+	// once when the code becomes refused, not on every refused call.
+	HighWaterRegressed(region, worker int, floor, seen int64)
+	// HighWaterRecovered: a code reported by HighWaterRegressed shows a
+	// mark at or above its floor again (a restore fence lifted it); grants
+	// on it resume.
+	HighWaterRecovered(region, worker int)
 }
 
 // NopObserver ignores every event. Its methods do nothing.
@@ -41,3 +51,5 @@ func (NopObserver) AcquireFailed(int, error)                   {}
 func (NopObserver) Renewed(int, int, error)                    {}
 func (NopObserver) Released(int, int, error)                   {}
 func (NopObserver) Corrupt(string, error)                      {}
+func (NopObserver) HighWaterRegressed(int, int, int64, int64)  {}
+func (NopObserver) HighWaterRecovered(int, int)                {}
