@@ -146,17 +146,25 @@ func TestOverlappingBlockIsRefused(t *testing.T) {
 		}
 
 		release()
-		after, err := c.NextN(context.Background(), 3*4096)
-		if err != nil {
-			t.Fatalf("NextN on the next code: %v", err)
-		}
-		if nl := c.Lease().Lease; nl.Worker == old.Worker || nl.Token <= old.Token {
-			t.Fatalf("lease after the overlap %+v; want another code than %d", nl, old.Worker)
-		}
-		ids = append(ids, after...)
-		checkUnique(t, ids)
-		checkInGrants(t, svc, ids)
+		mintsOnAnotherCode(t, c, svc, old, ids)
 	})
+}
+
+// mintsOnAnotherCode checks that c, which gave old's code up, mints on
+// another code, and that no ID of the run (ids, then these) repeats or lies
+// outside the service's grants.
+func mintsOnAnotherCode(t *testing.T, c *Client, svc *rangeclienttest.Service, old segment.Lease, ids []snowflake.ID) {
+	t.Helper()
+	after, err := c.NextN(context.Background(), 3*4096)
+	if err != nil {
+		t.Fatalf("NextN on the next code: %v", err)
+	}
+	if nl := c.Lease().Lease; nl.Worker == old.Worker || nl.Token <= old.Token {
+		t.Fatalf("lease after code %d was given up: %+v; want another code", old.Worker, nl)
+	}
+	ids = append(ids, after...)
+	checkUnique(t, ids)
+	checkInGrants(t, svc, ids)
 }
 
 // Issue 24: the operator lowers the high-water mark of the client's code
@@ -189,16 +197,7 @@ func TestRegressedCodeIsDropped(t *testing.T) {
 		}
 
 		release()
-		after, err := c.NextN(context.Background(), 3*4096)
-		if err != nil {
-			t.Fatalf("NextN on the next code: %v", err)
-		}
-		if nl := c.Lease().Lease; nl.Worker == old.Worker {
-			t.Fatalf("still on code %d after it was refused", old.Worker)
-		}
-		ids = append(ids, after...)
-		checkUnique(t, ids)
-		checkInGrants(t, svc, ids)
+		mintsOnAnotherCode(t, c, svc, old, ids)
 	})
 }
 

@@ -3,7 +3,6 @@ package region_test
 import (
 	"context"
 	"errors"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
+	"github.com/idrange/idrange/internal/idcheck"
 	"github.com/idrange/idrange/internal/region"
 	"github.com/idrange/idrange/internal/region/regiontest"
 	"github.com/idrange/idrange/rangeclient"
@@ -80,6 +80,7 @@ func (s *idSink) end() ([]snowflake.ID, error) {
 func TestLoweredHighWaterMarkIsRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	start := time.Now().Add(-time.Second)
 	r := regiontest.Start(t, region.Config{Region: 1})
 	c, err := rangeclient.New(ctx, rangeclient.Config{Targets: []string{r.Addr()}, Region: 1, Owner: t.Name()})
 	if err != nil {
@@ -150,7 +151,14 @@ func TestLoweredHighWaterMarkIsRefused(t *testing.T) {
 	if s := c.Stats(); s.Overlaps != 0 {
 		t.Fatalf("the client received %d overlapping blocks; the replica must refuse the code first", s.Overlaps)
 	}
-	checkUniqueIDs(t, ids)
+	chk, err := idcheck.New(idcheck.Config{NotBefore: start, NotAfter: time.Now().Add(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chk.Add(ids...)
+	if err := chk.Check().Err(); err != nil {
+		t.Fatalf("IDs of the run: %v", err)
+	}
 	if got, err := r.Store().HighWater(ctx, 1, victim.Worker); !errors.Is(err, segment.ErrHighWaterRegressed) {
 		t.Fatalf("HighWater of the lowered code = %d, %v; want ErrHighWaterRegressed", got, err)
 	}
@@ -175,17 +183,5 @@ func TestLoweredHighWaterMarkIsRefused(t *testing.T) {
 	}
 	if g := gauge(t, reg, "idrange_service_hwm_regressed_codes", "region", "1"); g != 0 {
 		t.Fatalf("hwm_regressed_codes after the fence = %v, want 0", g)
-	}
-}
-
-// checkUniqueIDs fails on the first ID handed out twice.
-func checkUniqueIDs(t *testing.T, ids []snowflake.ID) {
-	t.Helper()
-	s := slices.Clone(ids)
-	slices.Sort(s)
-	for i := 1; i < len(s); i++ {
-		if s[i] == s[i-1] {
-			t.Fatalf("ID %d handed out twice (%+v)", s[i], s[i].Parts())
-		}
 	}
 }

@@ -698,15 +698,21 @@ func testInvalidFields(t *testing.T, be Backend) {
 }
 
 // lostReply is a Storage whose next high-water commit, once armed, is
-// applied and then reported as an error: the "commit unknown" case.
+// applied and then reported as an error: the "commit unknown" case. With
+// lostRequest set the armed commit is not applied at all, and reported as
+// the same error: the Store cannot tell the two apart.
 type lostReply struct {
 	segment.Storage
-	armed atomic.Bool
+	armed       atomic.Bool
+	lostRequest bool
 }
 
 var errLost = errors.New("injected: response lost after the commit")
 
 func (x *lostReply) CommitHighWater(ctx context.Context, region, worker int, c segment.HighWaterCommit) (int64, bool, segment.CodeView, error) {
+	if x.lostRequest && x.armed.CompareAndSwap(true, false) {
+		return 0, false, segment.CodeView{}, errLost
+	}
 	rev, ok, fresh, err := x.Storage.CommitHighWater(ctx, region, worker, c)
 	if err == nil && x.armed.CompareAndSwap(true, false) {
 		return 0, false, segment.CodeView{}, errLost
@@ -1317,21 +1323,6 @@ func testHighWaterRegressed(t *testing.T, be Backend) {
 	}
 }
 
-// failingCommit is a Storage whose next high-water commit, once armed,
-// fails without being applied: an outcome the Store cannot tell from one
-// that was applied.
-type failingCommit struct {
-	segment.Storage
-	armed atomic.Bool
-}
-
-func (x *failingCommit) CommitHighWater(ctx context.Context, region, worker int, c segment.HighWaterCommit) (int64, bool, segment.CodeView, error) {
-	if x.armed.CompareAndSwap(true, false) {
-		return 0, false, segment.CodeView{}, errLost
-	}
-	return x.Storage.CommitHighWater(ctx, region, worker, c)
-}
-
 // testFailedCommitFloor: a commit whose outcome is unknown does not raise
 // the Store's floor. When it was not applied, the stored mark is still the
 // last known one and the next grant goes on from it (a floor raised to the
@@ -1340,7 +1331,7 @@ func (x *failingCommit) CommitHighWater(ctx context.Context, region, worker int,
 // range is caught.
 func testFailedCommitFloor(t *testing.T, be Backend) {
 	obs := &Counter{}
-	failing := &failingCommit{Storage: be.Storage(t)}
+	failing := &lostReply{Storage: be.Storage(t), lostRequest: true}
 	st := NewStore(t, failing, segment.StoreConfig{Observer: obs})
 	ctx := Ctx(t)
 	l, err := st.Acquire(ctx, 0, "unlucky")
