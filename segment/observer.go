@@ -4,7 +4,9 @@ import "time"
 
 // Observer receives the Store's metric events (the service wires them to
 // Prometheus; segment itself imports no metrics library). Every method must
-// be cheap, non-blocking and safe for concurrent use. Embed NopObserver to
+// be cheap, non-blocking and safe for concurrent use, and must not call the
+// Store (HighWaterRegressed and HighWaterRecovered are called under its
+// lock, so that they arrive in the order the Store decided them). Embed NopObserver to
 // implement only some. Events are only reported for requests whose region
 // (and lease fields) are in range, so region and worker are always valid
 // label values; requests rejected as ErrInvalid before touching etcd are
