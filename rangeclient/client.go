@@ -60,6 +60,7 @@ type Client struct {
 	stats   counters
 	pol     policy // refill loop state (rate, latency, idleness)
 	metrics *collector
+	ends    *codeEnds // per code held, the end of the blocks granted (shared by the lanes)
 }
 
 // counters are the client's monotonic counts. The hot path never touches
@@ -70,7 +71,7 @@ type counters struct {
 	refills, refillErrors, backpressure, discarded atomic.Uint64
 	stalls                                         atomic.Uint64
 	acquisitions, renewals, renewalFailures        atomic.Uint64
-	expiries, fenced                               atomic.Uint64
+	expiries, fenced, overlaps, dropped            atomic.Uint64
 }
 
 // New validates cfg, learns the service's region (with Targets; see
@@ -81,11 +82,18 @@ type counters struct {
 // does not serve (ErrInvalidConfig when Config.Region disagrees with the
 // service's answer) and similar final errors return at once.
 func New(ctx context.Context, cfg Config) (*Client, error) {
+	return newClient(ctx, cfg, newCodeEnds())
+}
+
+// newClient is New with the record of blocks granted per code that the
+// client's codes share (New makes one; the lanes get their first code's).
+func newClient(ctx context.Context, cfg Config, ends *codeEnds) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
 	c := &Client{
+		ends:   ends,
 		cfg:    cfg,
 		log:    cfg.Logger,
 		origin: time.Now(),
@@ -149,7 +157,7 @@ func (c *Client) startLanes(ctx context.Context) error {
 	lc.Codes, lc.Targets, lc.Allocator, lc.Registerer = 1, nil, c.alloc, nil
 	lc.Region = c.lease.Load().seg.Region
 	for i := 1; i < c.cfg.Codes; i++ {
-		l, err := New(ctx, lc)
+		l, err := newClient(ctx, lc, c.ends)
 		if err != nil {
 			return fmt.Errorf("rangeclient: code %d of %d: %w", i+1, c.cfg.Codes, err)
 		}
@@ -221,8 +229,8 @@ func (c *Client) waitFirstBlock(ctx context.Context) error {
 	for {
 		ch, rerr := c.waitState()
 		l := c.lease.Load()
-		if err := l.err(c.now()); err != nil {
-			return err
+		if err := l.err(c.now()); err != nil && !isUnsafeCode(err) {
+			return err // a dropped code is replaced by the lease loop: wait for it
 		}
 		if c.cur.Load() != nil {
 			return nil

@@ -138,6 +138,17 @@
 // that time passed). The deadline is the second line, and the one docs/design.md
 // requires: stop without a network call once the lease may be gone.
 //
+// The client also checks that invariant itself, on what it receives: per
+// code it has held (across leases, for its life) it remembers the end of
+// the last block it was granted, and refuses a block that starts below it
+// (ErrOverlap: a tampered or restored etcd, a bug). Nothing is minted from
+// such a block; the client gives the code up at once, without releasing
+// the lease (the code stays leased until its TTL ends, so it is not handed
+// straight back), and takes another code in the background. It does the
+// same when the service refuses the code because its high-water mark went
+// back (segment.ErrHighWaterRegressed), rather than retry a code that
+// cannot be granted.
+//
 // The client reads only Go's monotonic clock (time.Since), and only for
 // elapsed times, never for the timestamps themselves: a wall-clock step on
 // the client reaches neither the IDs nor the safety deadline.
@@ -154,8 +165,8 @@
 //
 // # Errors
 //
-// ErrLeaseLost, ErrFenced and ErrUnavailable are retryable (IsRetryable):
-// the client recovers in the background. ErrClosed, ErrEpochExhausted and
+// ErrLeaseLost, ErrFenced, ErrUnavailable and ErrOverlap are retryable
+// (IsRetryable): the client recovers in the background. ErrClosed, ErrEpochExhausted and
 // ErrInvalidConfig are final, and so is segment.ErrPermissionDenied (under
 // mutual TLS, the service refuses this client's identity: see Config.TLS).
 // Match them with the standard library's errors.Is. Errors from the service keep their segment sentinels in the
@@ -169,7 +180,8 @@
 // refill_latency_seconds, buffer_depth_ids, buffer_seconds, stalls_total,
 // backpressure_total, lease_acquisitions_total, lease_renewals_total,
 // lease_renewal_failures_total, safety_deadline_expiries_total,
-// fenced_total, lease_safe_seconds, serving,
+// fenced_total, overlapping_blocks_total, codes_dropped_total,
+// lease_safe_seconds, serving,
 // rate_ids_per_second and lease_info. They are read from atomic counters
 // at scrape time; the number of IDs minted is derived from the blocks'
 // cursors, so counting costs the hot path nothing.

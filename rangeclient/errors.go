@@ -13,9 +13,9 @@ import (
 // messages that wrap them say which lease, block or field was involved.
 //
 // Retryable (the client keeps working in the background and a later call may
-// succeed without restarting it): ErrLeaseLost, ErrFenced, ErrUnavailable.
-// Final: ErrClosed, ErrEpochExhausted, ErrInvalidConfig. IsRetryable tells
-// them apart.
+// succeed without restarting it): ErrLeaseLost, ErrFenced, ErrUnavailable,
+// ErrOverlap. Final: ErrClosed, ErrEpochExhausted, ErrInvalidConfig.
+// IsRetryable tells them apart.
 var (
 	// ErrLeaseLost: the client's worker-code lease is past its local safety
 	// deadline (the last renewal that succeeded was sent more than TTL -
@@ -39,6 +39,17 @@ var (
 	// are in the chain.
 	ErrUnavailable = errors.New("rangeclient: no block available before the deadline")
 
+	// ErrOverlap: the service granted a block that overlaps one this client
+	// was granted before on the same worker code (under this lease or an
+	// earlier one): the code's high-water mark went back somewhere (a
+	// tampered or restored etcd, a bug). Nothing is minted from that block;
+	// the client stops minting on the code at once, leaves its lease to
+	// expire and takes another code in the background, so it is retryable.
+	// Errors returned for it also satisfy errors.Is(err, segment.ErrCorrupt).
+	// Stats.Overlaps counts them. The same happens, without this sentinel,
+	// when the service refuses the code with segment.ErrHighWaterRegressed.
+	ErrOverlap = errors.New("rangeclient: granted block overlaps one this client already had")
+
 	// ErrClosed: Close was called. Final.
 	ErrClosed = errors.New("rangeclient: client closed")
 
@@ -53,14 +64,16 @@ var (
 )
 
 // IsRetryable reports whether a later call may succeed without building a
-// new Client: true for ErrLeaseLost, ErrFenced and ErrUnavailable (the client
-// recovers in the background), false for nil, ErrClosed, ErrEpochExhausted,
-// ErrInvalidConfig and anything else.
+// new Client: true for ErrLeaseLost, ErrFenced, ErrUnavailable and
+// ErrOverlap, and for a code the service refuses with
+// segment.ErrHighWaterRegressed (the client recovers in the background, on
+// another code for the last two), false for nil, ErrClosed,
+// ErrEpochExhausted, ErrInvalidConfig and anything else.
 func IsRetryable(err error) bool {
 	if err == nil || errors.Is(err, ErrClosed) || errors.Is(err, ErrEpochExhausted) || errors.Is(err, ErrInvalidConfig) {
 		return false
 	}
-	return errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrFenced) || errors.Is(err, ErrUnavailable)
+	return errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrFenced) || errors.Is(err, ErrUnavailable) || isUnsafeCode(err)
 }
 
 // leaseLostError wraps ErrLeaseLost with detail and marks it as

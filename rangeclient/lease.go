@@ -213,7 +213,9 @@ func (c *Client) leaseLoop(l *leaseState) {
 		}
 		// The lease is dead: give it back if it may still exist, then take
 		// a fresh one. Next waits meanwhile, within its context.
-		if p := l.why.Load(); p != nil && !errors.Is(*p, ErrFenced) && !errors.Is(*p, ErrClosed) {
+		// A fenced lease is gone; a dropped code stays leased until its TTL
+		// ends (dropCode).
+		if p := l.why.Load(); p != nil && !errors.Is(*p, ErrFenced) && !errors.Is(*p, ErrClosed) && !isUnsafeCode(*p) {
 			c.releaseQuietly(c.ctx, l.seg) // Close cancels it: Close stays bounded
 		}
 		bo.reset() // renewal failures grew it; a new lease is tried at once

@@ -15,6 +15,7 @@ type collector struct {
 
 	minted, refills, refillErrors, backpressure, discarded, stalls *prometheus.Desc
 	acquisitions, renewals, renewalFailures, expiries, fenced      *prometheus.Desc
+	overlaps, dropped                                              *prometheus.Desc
 	clockRollbacks, bufferIDs, bufferSeconds, rate, leaseSafe      *prometheus.Desc
 	serving, worker                                                *prometheus.Desc
 }
@@ -47,6 +48,8 @@ func newCollector(c *Client) *collector {
 		renewalFailures: d("lease_renewal_failures_total", "Failed lease renewals, fenced replies included."),
 		expiries:        d("safety_deadline_expiries_total", "Times the local safety deadline passed without a renewal (minting stopped)."),
 		fenced:          d("fenced_total", "Leases the service fenced (minting stopped at once)."),
+		overlaps:        d("overlapping_blocks_total", "Granted blocks refused because they overlap one the client was granted before (nothing minted from them)."),
+		dropped:         d("codes_dropped_total", "Leases given up because their code cannot be granted on safely (overlap, or its high-water mark went back)."),
 		bufferIDs:       d("buffer_depth_ids", "Linear positions left in the current and next block."),
 		bufferSeconds:   d("buffer_seconds", "How long the buffered blocks last at the observed rate."),
 		rate:            d("rate_ids_per_second", "Observed minting rate (EWMA)."),
@@ -59,7 +62,7 @@ func newCollector(c *Client) *collector {
 // Describe implements prometheus.Collector.
 func (m *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.minted, m.refills, m.refillErrors, m.backpressure, m.discarded, m.stalls,
-		m.acquisitions, m.renewals, m.renewalFailures, m.expiries, m.fenced,
+		m.acquisitions, m.renewals, m.renewalFailures, m.expiries, m.fenced, m.overlaps, m.dropped,
 		m.bufferIDs, m.bufferSeconds, m.rate, m.leaseSafe, m.serving, m.worker} {
 		ch <- d
 	}
@@ -86,6 +89,8 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(m.renewalFailures, float64(s.RenewalFailures))
 	counter(m.expiries, float64(s.Expiries))
 	counter(m.fenced, float64(s.Fenced))
+	counter(m.overlaps, float64(s.Overlaps))
+	counter(m.dropped, float64(s.DroppedCodes))
 	gauge(m.bufferIDs, float64(s.BufferedIDs))
 	gauge(m.bufferSeconds, s.BufferedFor.Seconds())
 	gauge(m.rate, s.Rate)

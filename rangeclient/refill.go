@@ -281,6 +281,10 @@ func (c *Client) refillLoop() {
 			continue
 		case c.ctx.Err() != nil:
 			return
+		case isUnsafeCode(err):
+			c.stats.refillErrors.Add(1)
+			c.dropCode(l, err)
+			continue
 		case isFencedReply(err):
 			c.stats.refillErrors.Add(1)
 			c.fence(l, err, "block grant")
@@ -366,6 +370,10 @@ func (c *Client) refillOnce(l *leaseState, n int) error {
 	}
 	if err := sb.Check(l.seg, int64(n)); err != nil {
 		// Using it could overlap another block: never minted from.
+		return fmt.Errorf("rangeclient: %w", err)
+	}
+	if err := c.ends.admit(sb, l.seg.Token); err != nil {
+		c.stats.overlaps.Add(1)
 		return fmt.Errorf("rangeclient: %w", err)
 	}
 	b := newBlock(sb, l, sent, arrive)

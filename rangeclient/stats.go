@@ -22,6 +22,8 @@ type Stats struct {
 	RenewalFailures uint64 // failed renewals (including fenced replies)
 	Expiries        uint64 // safety deadlines passed without a renewal
 	Fenced          uint64 // leases fenced by the service
+	Overlaps        uint64 // granted blocks refused: they overlap one the client had (ErrOverlap)
+	DroppedCodes    uint64 // leases given up: overlap, or the service's segment.ErrHighWaterRegressed
 
 	BufferedIDs   int64         // positions left in the current and next block
 	BufferedFor   time.Duration // how long they last at the observed rate
@@ -47,6 +49,8 @@ func (c *Client) Stats() Stats {
 		s.RenewalFailures += o.RenewalFailures
 		s.Expiries += o.Expiries
 		s.Fenced += o.Fenced
+		s.Overlaps += o.Overlaps
+		s.DroppedCodes += o.DroppedCodes
 		s.BufferedIDs += o.BufferedIDs
 		s.BufferedFor = min(s.BufferedFor, o.BufferedFor)
 		s.Rate += o.Rate
@@ -70,6 +74,8 @@ func (c *Client) laneStats() Stats {
 		RenewalFailures: c.stats.renewalFailures.Load(),
 		Expiries:        c.stats.expiries.Load(),
 		Fenced:          c.stats.fenced.Load(),
+		Overlaps:        c.stats.overlaps.Load(),
+		DroppedCodes:    c.stats.dropped.Load(),
 		Rate:            c.pol.ratePerSec(),
 		RefillLatency:   time.Duration(c.pol.latency.Load()),
 		NextBlock:       int(c.pol.count.Load()),

@@ -4,7 +4,9 @@ import "time"
 
 // Observer receives the Store's metric events (the service wires them to
 // Prometheus; segment itself imports no metrics library). Every method must
-// be cheap, non-blocking and safe for concurrent use. Embed NopObserver to
+// be cheap, non-blocking and safe for concurrent use, and must not call the
+// Store (HighWaterRegressed and HighWaterRecovered are called under its
+// lock, so that they arrive in the order the Store decided them). Embed NopObserver to
 // implement only some. Events are only reported for requests whose region
 // (and lease fields) are in range, so region and worker are always valid
 // label values; requests rejected as ErrInvalid before touching etcd are
@@ -28,6 +30,16 @@ type Observer interface {
 	// Corrupt: a stored value under key does not decode; grants on that
 	// code stop until it is repaired.
 	Corrupt(key string, err error)
+	// HighWaterRegressed: the stored high-water mark of a code (seen; 0
+	// when the key is absent) is below floor, the highest this Store
+	// committed or read for it: the store went back. Grants on the code
+	// are refused with ErrHighWaterRegressed and Acquire skips it. Reported
+	// once when the code becomes refused, not on every refused call.
+	HighWaterRegressed(region, worker int, floor, seen int64)
+	// HighWaterRecovered: a code reported by HighWaterRegressed shows a
+	// mark at or above its floor again (a restore fence lifted it); grants
+	// on it resume.
+	HighWaterRecovered(region, worker int)
 }
 
 // NopObserver ignores every event. Its methods do nothing.
@@ -41,3 +53,5 @@ func (NopObserver) AcquireFailed(int, error)                   {}
 func (NopObserver) Renewed(int, int, error)                    {}
 func (NopObserver) Released(int, int, error)                   {}
 func (NopObserver) Corrupt(string, error)                      {}
+func (NopObserver) HighWaterRegressed(int, int, int64, int64)  {}
+func (NopObserver) HighWaterRecovered(int, int)                {}

@@ -25,10 +25,13 @@ type RegionSnapshot struct {
 	// decodes.
 	HighWaters map[int]int64
 	// Corrupt holds, by code, the error (wrapping ErrCorrupt) of every
-	// high-water mark that does not decode: those codes are stopped.
+	// high-water mark that does not decode or went back (below one this
+	// Store committed or read: ErrHighWaterRegressed; such a mark is in
+	// HighWaters too): those codes are stopped.
 	Corrupt map[int]error
 	// Free is how many codes Acquire could hand out: not leased, and with
-	// a decodable (or absent) high-water mark. FreeCodes reports the same.
+	// a decodable (or absent) high-water mark that did not go back.
+	// FreeCodes reports the same.
 	Free int
 }
 
@@ -38,6 +41,7 @@ func (s *Store) Snapshot(ctx context.Context, region int) (RegionSnapshot, error
 	if err := validRegion(region); err != nil {
 		return RegionSnapshot{}, err
 	}
+	floors := s.regionFloors(region)
 	octx, cancel := s.opCtx(ctx)
 	rv, err := s.stg.Scan(octx, region)
 	cancel()
@@ -56,20 +60,21 @@ func (s *Store) Snapshot(ctx context.Context, region int) (RegionSnapshot, error
 			snap.Leases = append(snap.Leases, s.leaseInfo(&e, region, w))
 		}
 		h, ok := rv.HighWaters[w]
-		if !ok {
-			if !leased {
-				snap.Free++
+		var hwm int64
+		if ok {
+			var err error
+			if hwm, err = DecodeHighWater(h.Value); err != nil {
+				err = fmt.Errorf("key %s: %w", h.Key, err)
+				s.reportCorrupt(h.Key, err)
+				snap.Corrupt[w] = err
+				continue
 			}
-			continue
+			snap.HighWaters[w] = hwm
 		}
-		hwm, err := DecodeHighWater(h.Value)
-		if err != nil {
-			err = fmt.Errorf("key %s: %w", h.Key, err)
-			s.reportCorrupt(h.Key, err)
+		if err := s.seeHighWater(region, w, floors[w], hwm, h.Key); err != nil {
 			snap.Corrupt[w] = err
 			continue
 		}
-		snap.HighWaters[w] = hwm
 		if !leased {
 			snap.Free++
 		}

@@ -51,6 +51,15 @@ var (
 	// ErrCorrupt: a stored value does not decode. Grants for that code stop
 	// until an operator repairs it; it is never treated as zero.
 	ErrCorrupt = errors.New("segment: corrupt value in store")
+	// ErrHighWaterRegressed: a code's stored high-water mark is below one
+	// this Store already committed or read for it (a deleted mark reads as
+	// 0): the store went back (restored without a restore fence, written
+	// by hand, a bug). Grants on that code stop, and Acquire skips it,
+	// until the stored mark is at or above the highest one seen again (a
+	// restore fence lifts every mark). It is a kind of ErrCorrupt:
+	// errors.Is(err, ErrCorrupt) is true for it too, so every caller that
+	// stops on a corrupt value stops on it.
+	ErrHighWaterRegressed error = &kindOf{"segment: high-water mark went back", ErrCorrupt}
 	// ErrInvalid: a request field is out of range.
 	ErrInvalid = errors.New("segment: invalid request")
 	// ErrUnavailable: the store (etcd) could not be reached or did not answer
@@ -68,6 +77,16 @@ var (
 	// once one of them is released or expires.
 	ErrCodeCap = errors.New("segment: identity holds its cap of worker codes")
 )
+
+// kindOf is a sentinel that is also a kind of a broader one: errors.Is
+// matches it against either.
+type kindOf struct {
+	msg  string
+	kind error
+}
+
+func (e *kindOf) Error() string        { return e.msg }
+func (e *kindOf) Is(target error) bool { return target == e.kind }
 
 // Backpressure carries the delay after which a refused grant may succeed.
 // It wraps ErrBackpressure; get it with errors.As.

@@ -131,6 +131,11 @@ func (c StoreConfig) Validate() error {
 //   - A value that does not decode stops that code (ErrCorrupt); Acquire
 //     skips codes whose HWM is corrupt (and reports them to the Observer and
 //     the log) rather than hand out a code that could not be allocated.
+//   - The compares hold only among writers that follow them. Against a
+//     store that went back behind every Store's back (restored without a
+//     restore fence, written by hand), the Store remembers per code the
+//     highest HWM it committed or read, and refuses a code whose stored HWM
+//     is below it (ErrHighWaterRegressed; see floor.go).
 //
 // Performance: the Store caches the last view of each code it granted on,
 // so an uncontended grant is one round trip (the fenced commit; a stale
@@ -149,9 +154,10 @@ type Store struct {
 
 	batch *batcher // group commit; nil if the storage is no BatchStorage
 
-	mu    sync.Mutex
-	cache map[[2]int]CodeView      // last view seen per (region, worker)
-	turns map[[2]int]chan struct{} // one grant at a time per code per Store
+	mu     sync.Mutex
+	cache  map[[2]int]CodeView      // last view seen per (region, worker)
+	turns  map[[2]int]chan struct{} // one grant at a time per code per Store
+	floors map[[2]int]floorMark     // highest HWM committed or read; never forgotten
 }
 
 // contentionAfter is how many lost races make a grant signal contention.
@@ -179,12 +185,13 @@ func NewStore(storage Storage, cfg StoreConfig) (*Store, error) {
 	}
 	cfg = cfg.withDefaults()
 	s := &Store{
-		stg:   storage,
-		cfg:   cfg,
-		obs:   cfg.Observer,
-		log:   cfg.Logger,
-		cache: make(map[[2]int]CodeView),
-		turns: make(map[[2]int]chan struct{}),
+		stg:    storage,
+		cfg:    cfg,
+		obs:    cfg.Observer,
+		log:    cfg.Logger,
+		cache:  make(map[[2]int]CodeView),
+		turns:  make(map[[2]int]chan struct{}),
+		floors: make(map[[2]int]floorMark),
 	}
 	if bs, ok := storage.(BatchStorage); ok {
 		s.batch = newBatcher(bs, cfg.OpTimeout)
@@ -229,8 +236,9 @@ func validRegion(region int) error {
 // operators). It grants a storage lease, then tries the free codes starting
 // at a random one, creating the owner entry only if it does not exist. The
 // token is the revision that created the entry. With every code leased (or
-// unusable because its HWM is corrupt) it returns an error wrapping
-// ErrNoFreeCode (retryable) and revokes the unused lease.
+// unusable because its HWM is corrupt or went back, ErrHighWaterRegressed)
+// it returns an error wrapping ErrNoFreeCode (retryable) and revokes the
+// unused lease.
 //
 // With a caller identity in ctx (WithIdentity) the lease is bound to it
 // (owner record version 2), and an identity that already holds
@@ -291,8 +299,8 @@ func (s *Store) acquire(ctx context.Context, region int, owner string) (Lease, e
 			return Lease{}, err
 		}
 		if len(free.hwmRev) == 0 {
-			return Lease{}, fmt.Errorf("region %d: all %d codes leased (%d unusable: corrupt high-water mark): %w",
-				region, snowflake.MaxWorker+1, free.corrupt, ErrNoFreeCode)
+			return Lease{}, fmt.Errorf("region %d: all %d codes leased (%d unusable: corrupt high-water mark; %d: high-water mark went back): %w",
+				region, snowflake.MaxWorker+1, free.corrupt, free.regressed, ErrNoFreeCode)
 		}
 		start := s.cfg.FirstCode(region) & snowflake.MaxWorker
 		for i := 0; i <= snowflake.MaxWorker; i++ {
@@ -391,14 +399,17 @@ func (s *Store) revoke(ctx context.Context, id int64) {
 }
 
 // regionView is a snapshot of a region's codes: the HWM ModRevision (0 when
-// absent) of every free, usable code, and how many codes were unusable.
+// absent) of every free, usable code, and how many free codes were
+// unusable (corrupt HWM, or one that went back).
 type regionView struct {
-	hwmRev  map[int]int64
-	leased  int
-	corrupt int
+	hwmRev    map[int]int64
+	leased    int
+	corrupt   int
+	regressed int
 }
 
 func (s *Store) freeCodes(ctx context.Context, region int) (regionView, error) {
+	floors := s.regionFloors(region)
 	octx, cancel := s.opCtx(ctx)
 	rv, err := s.stg.Scan(octx, region)
 	cancel()
@@ -407,20 +418,29 @@ func (s *Store) freeCodes(ctx context.Context, region int) (regionView, error) {
 	}
 	v := regionView{hwmRev: make(map[int]int64), leased: len(rv.Owners)}
 	for w := 0; w <= snowflake.MaxWorker; w++ {
-		if _, leased := rv.Owners[w]; leased {
-			continue
-		}
+		_, leased := rv.Owners[w]
 		e, ok := rv.HighWaters[w]
-		if !ok {
-			v.hwmRev[w] = 0
+		var hwm int64
+		if ok {
+			var err error
+			if hwm, err = DecodeHighWater(e.Value); err != nil {
+				if !leased {
+					s.reportCorrupt(e.Key, err)
+					v.corrupt++
+				}
+				continue
+			}
+		}
+		// Every code's mark is checked, leased or not: the scan is a read.
+		if err := s.seeHighWater(region, w, floors[w], hwm, e.Key); err != nil {
+			if !leased {
+				v.regressed++
+			}
 			continue
 		}
-		if _, err := DecodeHighWater(e.Value); err != nil {
-			s.reportCorrupt(e.Key, err)
-			v.corrupt++
-			continue
+		if !leased {
+			v.hwmRev[w] = e.ModRevision
 		}
-		v.hwmRev[w] = e.ModRevision
 	}
 	return v, nil
 }
@@ -431,7 +451,7 @@ func (s *Store) reportCorrupt(key string, err error) {
 }
 
 // FreeCodes is how many codes of region Acquire could hand out now: not
-// leased and with a decodable (or absent) HWM.
+// leased and with a decodable (or absent) HWM that did not go back.
 func (s *Store) FreeCodes(ctx context.Context, region int) (int, error) {
 	if err := validRegion(region); err != nil {
 		return 0, err
@@ -511,7 +531,8 @@ func (s *Store) checkRecord(e *Entry, region, worker int) (OwnerRecord, error) {
 }
 
 // HighWater reads the committed HWM of a code: 0 if it never had a grant,
-// ErrCorrupt if the value does not decode.
+// ErrCorrupt if the value does not decode, ErrHighWaterRegressed (also
+// ErrCorrupt) if it is below one this Store committed or read before.
 func (s *Store) HighWater(ctx context.Context, region, worker int) (int64, error) {
 	if err := validRegion(region); err != nil {
 		return 0, err
@@ -519,18 +540,23 @@ func (s *Store) HighWater(ctx context.Context, region, worker int) (int64, error
 	if worker < 0 || worker > snowflake.MaxWorker {
 		return 0, fmt.Errorf("worker %d not in 0..%d: %w", worker, snowflake.MaxWorker, ErrInvalid)
 	}
+	floor := s.floorOf(region, worker)
 	octx, cancel := s.opCtx(ctx)
 	v, err := s.stg.Code(octx, region, worker)
 	cancel()
 	if err != nil {
 		return 0, unavailable(err, "read region %d worker %d", region, worker)
 	}
-	if v.HighWater == nil {
-		return 0, nil
+	var hwm int64
+	var key string
+	if v.HighWater != nil {
+		key = v.HighWater.Key
+		if hwm, err = DecodeHighWater(v.HighWater.Value); err != nil {
+			return 0, fmt.Errorf("key %s: %w", key, err)
+		}
 	}
-	hwm, err := DecodeHighWater(v.HighWater.Value)
-	if err != nil {
-		return 0, fmt.Errorf("key %s: %w", v.HighWater.Key, err)
+	if err := s.seeHighWater(region, worker, floor, hwm, key); err != nil {
+		return 0, err
 	}
 	return hwm, nil
 }
@@ -732,6 +758,8 @@ func (s *Store) forget(region, worker int) {
 // fenced by l.Token and the HWM's revision. Errors: ErrInvalid (bad field,
 // named), ErrFenced / ErrLeaseLost (l no longer owns the code), ErrCorrupt
 // (a stored value of the code does not decode; nothing is written),
+// ErrHighWaterRegressed (also ErrCorrupt: the code's stored HWM is below
+// one this Store committed or read; nothing is written),
 // *Backpressure, ErrEpochExhausted, ErrUnavailable (the storage did not
 // answer, or the outcome of the commit is unknown: no block, and the range
 // is burned).
@@ -766,8 +794,10 @@ func (s *Store) allocate(ctx context.Context, l Lease, n int) (Block, error) {
 	identity := IdentityFrom(ctx)
 	v, fromCache := s.cached(l.Region, l.Worker)
 	needRead := !fromCache
+	var floor int64 // the code's floor when the view v was asked for (not from the cache)
 	for conflicts := 0; ; {
 		if needRead {
+			floor = s.floorOf(l.Region, l.Worker)
 			var err error
 			if v, err = s.read(ctx, l.Region, l.Worker); err != nil {
 				return Block{}, err
@@ -785,6 +815,7 @@ func (s *Store) allocate(ctx context.Context, l Lease, n int) (Block, error) {
 			return Block{}, err
 		}
 		var hwm, hwmRev int64
+		var key string
 		if v.HighWater != nil {
 			h, err := DecodeHighWater(v.HighWater.Value)
 			if err != nil {
@@ -793,7 +824,16 @@ func (s *Store) allocate(ctx context.Context, l Lease, n int) (Block, error) {
 				s.reportCorrupt(v.HighWater.Key, err)
 				return Block{}, err
 			}
-			hwm, hwmRev = h, v.HighWater.ModRevision
+			hwm, hwmRev, key = h, v.HighWater.ModRevision, v.HighWater.Key
+		}
+		if fromCache {
+			if !s.atFloor(l.Region, l.Worker, hwm) {
+				needRead = true // older than what the Store has seen since
+				continue
+			}
+		} else if err := s.seeHighWater(l.Region, l.Worker, floor, hwm, key); err != nil {
+			s.forget(l.Region, l.Worker)
+			return Block{}, err
 		}
 		g, err := s.cfg.Policy.Plan(hwm, s.cfg.Now(), int64(n))
 		if err != nil {
@@ -802,6 +842,7 @@ func (s *Store) allocate(ctx context.Context, l Lease, n int) (Block, error) {
 		}
 		signal := conflicts >= contentionAfter
 		value := []byte(EncodeHighWater(g.Hi))
+		floor = s.floorOf(l.Region, l.Worker) // fresh, on a failed compare, is checked against it
 		octx, cancel := s.opCtx(ctx)
 		sent := time.Now()
 		rev, ok, fresh, err := s.commitHighWater(octx, l.Region, l.Worker, HighWaterCommit{
@@ -820,11 +861,8 @@ func (s *Store) allocate(ctx context.Context, l Lease, n int) (Block, error) {
 		if ok {
 			// Our write is the HWM at rev; the owner entry is unchanged
 			// (the compare held).
-			var key string
-			if v.HighWater != nil {
-				key = v.HighWater.Key
-			}
 			hw := &Entry{Key: key, Value: value, ModRevision: rev}
+			s.raiseFloor(l.Region, l.Worker, g.Hi)
 			s.remember(l.Region, l.Worker, CodeView{Rev: rev, Owner: v.Owner, HighWater: hw, Contention: v.Contention})
 			return Block{
 				Region: l.Region, Worker: l.Worker, Lo: g.Lo, Hi: g.Hi,

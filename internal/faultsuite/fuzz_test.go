@@ -239,8 +239,9 @@ func FuzzAllocatorRejectsBadReplies(f *testing.F) {
 // and then into the lease record of a code leased through a live
 // segment.Store (embedded etcd). A value that does not decode must stop the
 // code with ErrCorrupt and be left exactly as it was (never reset, never
-// overwritten); one that decodes must be honoured (a grant starts at or
-// above it).
+// overwritten), and so must a high-water mark that decodes but is below the
+// one the Store committed (ErrHighWaterRegressed: the mark went back); one
+// at or above it must be honoured (a grant starts at or above it).
 func FuzzStoreCorruptValues(f *testing.F) {
 	for _, s := range []string{"v1:0", "v1:4096", "v1:-1", "v1:01", "v1:", "", "garbage", "v1:99999999999999999999",
 		`{"v":1}`, "v1:4096\n", "v2:4096"} {
@@ -282,14 +283,7 @@ func FuzzStoreCorruptValues(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Restore the original so the code is usable again (a long fuzz run
-		// must not use up the region's codes).
-		defer func() {
-			if _, err := cli.Put(ctx, key, string(orig.Kvs[0].Value), opts...); err != nil {
-				t.Error(err)
-			}
-		}()
-		var decodes bool
+		var decodes, regressed bool
 		var hwm int64
 		if leaseRecord {
 			rec, err := segment.DecodeOwnerRecord(value)
@@ -297,10 +291,29 @@ func FuzzStoreCorruptValues(f *testing.F) {
 		} else {
 			hwm, err = segment.DecodeHighWater(value)
 			decodes = err == nil
+			committed, cerr := segment.DecodeHighWater(orig.Kvs[0].Value)
+			if cerr != nil {
+				t.Fatal(cerr)
+			}
+			regressed = decodes && hwm < committed
+		}
+		// Restore the original so the code is usable again (a long fuzz run
+		// must not use up the region's codes); a mark that was raised stays
+		// (putting the original back would lower it, and the Store would
+		// rightly refuse the code from then on).
+		if !decodes || regressed || leaseRecord {
+			defer func() {
+				if _, err := cli.Put(ctx, key, string(orig.Kvs[0].Value), opts...); err != nil {
+					t.Error(err)
+				}
+			}()
 		}
 		b, aerr := st.Allocate(ctx, l, 4096)
 		_, rerr := st.Renew(ctx, l)
-		if !decodes {
+		if regressed && !errors.Is(aerr, segment.ErrHighWaterRegressed) {
+			t.Fatalf("Allocate over %q, below the committed mark: %v, want ErrHighWaterRegressed", value, aerr)
+		}
+		if !decodes || regressed {
 			if !errors.Is(aerr, segment.ErrCorrupt) && !errors.Is(aerr, segment.ErrInvalid) {
 				t.Fatalf("Allocate over %q: %v, want ErrCorrupt", value, aerr)
 			}

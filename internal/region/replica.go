@@ -497,3 +497,11 @@ func (t teeObserver) Released(region, worker int, err error) {
 	t.b.Released(region, worker, err)
 }
 func (t teeObserver) Corrupt(key string, err error) { t.a.Corrupt(key, err); t.b.Corrupt(key, err) }
+func (t teeObserver) HighWaterRegressed(region, worker int, floor, seen int64) {
+	t.a.HighWaterRegressed(region, worker, floor, seen)
+	t.b.HighWaterRegressed(region, worker, floor, seen)
+}
+func (t teeObserver) HighWaterRecovered(region, worker int) {
+	t.a.HighWaterRecovered(region, worker)
+	t.b.HighWaterRecovered(region, worker)
+}

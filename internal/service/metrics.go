@@ -38,6 +38,16 @@ type Metrics struct {
 	// (idrange_service_corrupt_values_total); fed by the store's Observer.
 	// Any increase needs an operator.
 	CorruptValues prometheus.Counter
+	// HWMRegressions counts codes whose stored high-water mark was found
+	// below one this replica had committed or read (the store went back),
+	// once each time a code becomes refused
+	// (idrange_service_hwm_regressions_total{region}); fed by the store's
+	// Observer. Any increase needs an operator.
+	HWMRegressions *prometheus.CounterVec
+	// HWMRegressedCodes is the number of codes refused now because their
+	// mark went back (idrange_service_hwm_regressed_codes{region}); it
+	// falls when a mark is lifted again (restore fence).
+	HWMRegressedCodes *prometheus.GaugeVec
 	// LeaseAcquisitions counts leases granted (idrange_service_lease_acquisitions_total).
 	LeaseAcquisitions prometheus.Counter
 	// LeaseAcquireFailures counts refused acquisitions, including no free
@@ -109,8 +119,12 @@ func NewMetrics(reg prometheus.Registerer, clk clock.Clock) (*Metrics, error) {
 			Help:    "Time to grant a block, including the etcd transaction.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
-		GrantConflicts:       counter("grant_conflicts_total", "Grant transactions that lost a race on the HWM revision and were retried."),
-		CorruptValues:        counter("corrupt_values_total", "Stored etcd values that did not decode (grants on that code stop)."),
+		GrantConflicts: counter("grant_conflicts_total", "Grant transactions that lost a race on the HWM revision and were retried."),
+		CorruptValues:  counter("corrupt_values_total", "Stored etcd values that did not decode (grants on that code stop)."),
+		HWMRegressions: prometheus.NewCounterVec(prometheus.CounterOpts(o("hwm_regressions_total",
+			"Codes found with a stored high-water mark below one this replica committed or read (grants on them stop).")), []string{"region"}),
+		HWMRegressedCodes: prometheus.NewGaugeVec(prometheus.GaugeOpts(o("hwm_regressed_codes",
+			"Codes refused now because their stored high-water mark went back.")), []string{"region"}),
 		LeaseAcquisitions:    counter("lease_acquisitions_total", "Worker-code leases granted."),
 		LeaseAcquireFailures: counter("lease_acquire_failures_total", "Refused lease acquisitions (including no free code)."),
 		LeaseRenewals:        counter("lease_renewals_total", "Lease renewal requests."),
@@ -151,7 +165,7 @@ func NewMetrics(reg prometheus.Registerer, clk clock.Clock) (*Metrics, error) {
 
 func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.BlockGrants, m.BlockSize, m.GrantLatency, m.GrantConflicts,
-		m.CorruptValues, m.LeaseAcquisitions, m.LeaseAcquireFailures, m.LeaseRenewals,
+		m.CorruptValues, m.HWMRegressions, m.HWMRegressedCodes, m.LeaseAcquisitions, m.LeaseAcquireFailures, m.LeaseRenewals,
 		m.LeaseRenewalFailures, m.LeaseReleases, m.FreeCodes, m.HWMLead, m.ClockRollbackMs,
 		m.RemainingEpochLife, m.Errors, m.Serving, m.MintedIDs, m.LeaseTTL, m.MaxLead}
 }
@@ -185,6 +199,8 @@ var MetricNames = []string{
 	"idrange_service_block_grant_latency_seconds",
 	"idrange_service_grant_conflicts_total",
 	"idrange_service_corrupt_values_total",
+	"idrange_service_hwm_regressions_total",
+	"idrange_service_hwm_regressed_codes",
 	"idrange_service_lease_acquisitions_total",
 	"idrange_service_lease_acquire_failures_total",
 	"idrange_service_lease_renewals_total",
@@ -202,9 +218,10 @@ var MetricNames = []string{
 }
 
 // StoreObserver returns a segment.Observer that feeds m with the events
-// only the store sees: HWM races (grant_conflicts_total) and corrupt values
-// (corrupt_values_total). Grants, leases and renewals are counted by the
-// RPC handlers, so RPC-level numbers are not doubled.
+// only the store sees: HWM races (grant_conflicts_total), corrupt values
+// (corrupt_values_total) and marks that went back (hwm_regressions_total,
+// hwm_regressed_codes). Grants, leases and renewals are counted by the RPC
+// handlers, so RPC-level numbers are not doubled.
 func (m *Metrics) StoreObserver() segment.Observer { return storeObserver{m: m} }
 
 type storeObserver struct {
@@ -214,3 +231,17 @@ type storeObserver struct {
 
 func (o storeObserver) Conflict(int, int)     { o.m.GrantConflicts.Inc() }
 func (o storeObserver) Corrupt(string, error) { o.m.CorruptValues.Inc() }
+func (o storeObserver) HighWaterRegressed(region, _ int, _, _ int64) {
+	o.m.HWMRegressions.WithLabelValues(regionLabel(region)).Inc()
+	o.m.HWMRegressedCodes.WithLabelValues(regionLabel(region)).Inc()
+}
+func (o storeObserver) HighWaterRecovered(region, _ int) {
+	o.m.HWMRegressedCodes.WithLabelValues(regionLabel(region)).Dec()
+}
+
+// initRegion creates region's series of the labelled store metrics, so they
+// scrape as 0 (and increase() works) before the first event.
+func (m *Metrics) initRegion(region int) {
+	m.HWMRegressions.WithLabelValues(regionLabel(region))
+	m.HWMRegressedCodes.WithLabelValues(regionLabel(region))
+}

@@ -46,3 +46,33 @@ func TestSetStoreConfigExportsPolicy(t *testing.T) {
 		}
 	}
 }
+
+// The store's regression events become the counter the alert fires on and
+// the gauge of codes refused now, labelled by region; a recovery lowers
+// only the gauge.
+func TestStoreObserverCountsRegressions(t *testing.T) {
+	m, err := NewMetrics(prometheus.NewRegistry(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.initRegion(2)
+	obs := m.StoreObserver()
+	check := func(when string, total, refused float64) {
+		t.Helper()
+		if got := testutil.ToFloat64(m.HWMRegressions.WithLabelValues("2")); got != total {
+			t.Errorf("%s: hwm_regressions_total = %v, want %v", when, got, total)
+		}
+		if got := testutil.ToFloat64(m.HWMRegressedCodes.WithLabelValues("2")); got != refused {
+			t.Errorf("%s: hwm_regressed_codes = %v, want %v", when, got, refused)
+		}
+	}
+	check("before any event", 0, 0)
+	obs.HighWaterRegressed(2, 7, 5000, 4096)
+	obs.HighWaterRegressed(2, 9, 8000, 0)
+	check("two codes went back", 2, 2)
+	obs.HighWaterRecovered(2, 7)
+	check("one lifted again", 2, 1)
+	if got := testutil.ToFloat64(m.CorruptValues); got != 0 {
+		t.Errorf("corrupt_values_total = %v; a regression is counted apart", got)
+	}
+}

@@ -220,6 +220,7 @@ func New(cfg Config) (*Service, error) {
 			return nil, err
 		}
 	}
+	m.initRegion(cfg.Region)
 	s := &Service{
 		cfg:     cfg,
 		log:     cfg.Logger.With("component", "rangesvc", "region", cfg.Region),

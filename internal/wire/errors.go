@@ -57,6 +57,9 @@ var mappings = []mapping{
 	{segment.ErrBackpressure, codes.ResourceExhausted, "BACKPRESSURE"},
 	{segment.ErrNoFreeCode, codes.ResourceExhausted, "NO_FREE_CODE"},
 	{segment.ErrEpochExhausted, codes.OutOfRange, "EPOCH_EXHAUSTED"},
+	// Before ErrCorrupt, which it is a kind of: the client drops a code
+	// whose mark went back and takes another, but stops on a corrupt one.
+	{segment.ErrHighWaterRegressed, codes.DataLoss, "HIGH_WATER_REGRESSED"},
 	{segment.ErrCorrupt, codes.DataLoss, "CORRUPT"},
 	{segment.ErrInvalid, codes.InvalidArgument, "INVALID"},
 	{segment.ErrUnavailable, codes.Unavailable, "UNAVAILABLE"},

@@ -27,6 +27,7 @@ func TestMappingRoundTrip(t *testing.T) {
 		{segment.ErrBackpressure, codes.ResourceExhausted},
 		{segment.ErrNoFreeCode, codes.ResourceExhausted},
 		{segment.ErrEpochExhausted, codes.OutOfRange},
+		{segment.ErrHighWaterRegressed, codes.DataLoss},
 		{segment.ErrCorrupt, codes.DataLoss},
 		{segment.ErrInvalid, codes.InvalidArgument},
 		{segment.ErrUnavailable, codes.Unavailable},
@@ -56,7 +57,7 @@ func TestMappingRoundTrip(t *testing.T) {
 				t.Fatalf("FromStatus(%v) does not wrap %v", back, tc.sentinel)
 			}
 			for _, other := range cases {
-				if other.sentinel != tc.sentinel && errors.Is(back, other.sentinel) {
+				if other.sentinel != tc.sentinel && errors.Is(back, other.sentinel) && !errors.Is(tc.sentinel, other.sentinel) {
 					t.Fatalf("FromStatus(%v) also wraps %v", back, other.sentinel)
 				}
 			}
@@ -144,7 +145,7 @@ func TestFromStatusForeign(t *testing.T) {
 		{codes.Internal, nil},
 	}
 	all := []error{segment.ErrFenced, segment.ErrLeaseLost, segment.ErrBackpressure, segment.ErrNoFreeCode,
-		segment.ErrUnavailable, segment.ErrInvalid, segment.ErrCorrupt, segment.ErrEpochExhausted,
+		segment.ErrUnavailable, segment.ErrInvalid, segment.ErrCorrupt, segment.ErrHighWaterRegressed, segment.ErrEpochExhausted,
 		segment.ErrPermissionDenied, segment.ErrCodeCap}
 	for _, tc := range cases {
 		t.Run(tc.code.String(), func(t *testing.T) {

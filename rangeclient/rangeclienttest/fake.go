@@ -165,6 +165,14 @@ func (s *Service) HWM(worker int) int64 {
 	return hwm
 }
 
+// PutHighWater writes code worker's high-water mark behind the Store's
+// back, as an operator with etcdctl would (lowering it is the mistake the
+// Store and the client must catch): storage setup, not a second rule.
+func (s *Service) PutHighWater(worker int, hwm int64) {
+	// memstore.Put fails only for a lease that does not exist; none is given.
+	_ = s.stg.Put(memstore.HighWaterKey(s.opts.Region, worker), []byte(segment.EncodeHighWater(hwm)), 0)
+}
+
 // Owner returns the live lease of code worker, if any.
 func (s *Service) Owner(worker int) (segment.Lease, bool) {
 	infos, err := s.store.List(context.Background(), s.opts.Region)

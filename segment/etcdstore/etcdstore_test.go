@@ -59,6 +59,12 @@ func (b *backend) Put(t testing.TB, key string, value []byte, lease int64) {
 		t.Fatal(err)
 	}
 }
+func (b *backend) Delete(t testing.TB, key string) {
+	t.Helper()
+	if _, err := b.cli.Delete(context.Background(), key); err != nil {
+		t.Fatal(err)
+	}
+}
 func (b *backend) Get(t testing.TB, key string) ([]byte, bool) {
 	t.Helper()
 	resp, err := b.cli.Get(context.Background(), key)

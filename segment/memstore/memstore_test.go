@@ -23,6 +23,7 @@ func (b backend) Put(t testing.TB, key string, value []byte, lease int64) {
 		t.Fatal(err)
 	}
 }
+func (b backend) Delete(t testing.TB, key string) { b.s.Delete(key) }
 func (b backend) Get(t testing.TB, key string) ([]byte, bool) {
 	e := b.s.Get(key)
 	if e == nil {

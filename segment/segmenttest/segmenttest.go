@@ -29,6 +29,9 @@ type Backend interface {
 	// Put writes value under key (attached to lease, 0: none), bypassing
 	// the Store: how tests write garbage behind its back.
 	Put(t testing.TB, key string, value []byte, lease int64)
+	// Delete deletes the value under key, bypassing the Store (as etcdctl
+	// del would).
+	Delete(t testing.TB, key string)
 	// Get reads the value under key (ok false: absent).
 	Get(t testing.TB, key string) (value []byte, ok bool)
 	// LeaseKey and HighWaterKey name a code's owner and high-water entries.
@@ -66,6 +69,7 @@ func Ctx(t testing.TB) context.Context {
 type Counter struct {
 	segment.NopObserver
 	NGranted, NGrantFailed, NConflicts, NAcquired, NAcquireFailed, NRenewed, NReleased, NCorrupt atomic.Int64
+	NRegressed, NRecovered                                                                       atomic.Int64
 	Size                                                                                         atomic.Int64
 }
 
@@ -79,8 +83,10 @@ func (c *Counter) Renewed(_, _ int, err error) {
 		c.NRenewed.Add(1)
 	}
 }
-func (c *Counter) Released(int, int, error) { c.NReleased.Add(1) }
-func (c *Counter) Corrupt(string, error)    { c.NCorrupt.Add(1) }
+func (c *Counter) Released(int, int, error)                  { c.NReleased.Add(1) }
+func (c *Counter) Corrupt(string, error)                     { c.NCorrupt.Add(1) }
+func (c *Counter) HighWaterRegressed(int, int, int64, int64) { c.NRegressed.Add(1) }
+func (c *Counter) HighWaterRecovered(int, int)               { c.NRecovered.Add(1) }
 
 // CheckDisjoint sorts blocks and fails on any overlap.
 func CheckDisjoint(t testing.TB, blocks []segment.Block) {
@@ -115,6 +121,9 @@ func Run(t *testing.T, open func(t *testing.T) Backend) {
 		{"IdentityBindsTheLease", testIdentityBinding},
 		{"IdentityCap", testIdentityCap},
 		{"IdentityCapUnderConcurrency", testIdentityCapConcurrent},
+		{"HighWaterRegressedStopsTheCode", testHighWaterRegressed},
+		{"FailedCommitDoesNotRaiseTheFloor", testFailedCommitFloor},
+		{"ConcurrentReadsNoFalseRegression", testNoFalseRegression},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -350,6 +359,9 @@ func testConcurrentReplicasNeverOverlap(t *testing.T, be Backend) {
 	}
 	if obs.NGranted.Load() != callers*perCaller {
 		t.Fatalf("observer saw %d grants", obs.NGranted.Load())
+	}
+	if n := obs.NRegressed.Load(); n != 0 {
+		t.Fatalf("observer saw %d regressions of a mark that only grew", n)
 	}
 	t.Logf("%d grants, %d failed attempts retried", obs.NGranted.Load(), obs.NConflicts.Load())
 }
@@ -686,15 +698,21 @@ func testInvalidFields(t *testing.T, be Backend) {
 }
 
 // lostReply is a Storage whose next high-water commit, once armed, is
-// applied and then reported as an error: the "commit unknown" case.
+// applied and then reported as an error: the "commit unknown" case. With
+// lostRequest set the armed commit is not applied at all, and reported as
+// the same error: the Store cannot tell the two apart.
 type lostReply struct {
 	segment.Storage
-	armed atomic.Bool
+	armed       atomic.Bool
+	lostRequest bool
 }
 
 var errLost = errors.New("injected: response lost after the commit")
 
 func (x *lostReply) CommitHighWater(ctx context.Context, region, worker int, c segment.HighWaterCommit) (int64, bool, segment.CodeView, error) {
+	if x.lostRequest && x.armed.CompareAndSwap(true, false) {
+		return 0, false, segment.CodeView{}, errLost
+	}
 	rev, ok, fresh, err := x.Storage.CommitHighWater(ctx, region, worker, c)
 	if err == nil && x.armed.CompareAndSwap(true, false) {
 		return 0, false, segment.CodeView{}, errLost
@@ -1206,4 +1224,233 @@ func testIdentityCapConcurrent(t *testing.T, be Backend) {
 	if n := int64(len(infos)); won.Load() < 1 || won.Load() > capN || n != won.Load() {
 		t.Fatalf("%d acquisitions succeeded and %d codes are held; want 1..%d, equal", won.Load(), n, capN)
 	}
+}
+
+// testHighWaterRegressed: an operator lowers a code's high-water mark
+// behind the Store's back (to the start of the last block it granted, the
+// issue's duplicate), then deletes it. Each time the next grant on the code
+// is refused with ErrHighWaterRegressed (also ErrCorrupt) in one line naming
+// the code, the key, the Store's floor and the stored value; the Observer
+// hears of it once; the key is left as the operator wrote it; Acquire and
+// FreeCodes skip the code; lifting the mark back to the floor makes the
+// code grantable again, above every block granted before.
+func testHighWaterRegressed(t *testing.T, be Backend) {
+	const region, code = 0, 5
+	obs := &Counter{}
+	st := NewStore(t, be.Storage(t), segment.StoreConfig{Observer: obs, FirstCode: func(int) int { return code }})
+	ctx := Ctx(t)
+	l, err := st.Acquire(ctx, region, "victim")
+	if err != nil || l.Worker != code {
+		t.Fatalf("Acquire = %+v, %v; want code %d", l, err, code)
+	}
+	var granted []segment.Block
+	for range 3 {
+		b, err := st.Allocate(ctx, l, 4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		granted = append(granted, b)
+	}
+	floor := granted[len(granted)-1].Hi
+	hk := be.HighWaterKey(region, code)
+	refused := func(what string, stored int64, want ...string) {
+		t.Helper()
+		b, err := st.Allocate(ctx, l, 4096)
+		if !errors.Is(err, segment.ErrHighWaterRegressed) || !errors.Is(err, segment.ErrCorrupt) || b != (segment.Block{}) {
+			t.Fatalf("Allocate after %s = %+v, %v; want no block and ErrHighWaterRegressed (and ErrCorrupt)", what, b, err)
+		}
+		msg := err.Error()
+		want = append(want, fmt.Sprintf("worker %d", code), fmt.Sprint(floor), fmt.Sprint(stored))
+		for _, w := range want {
+			if !strings.Contains(msg, w) || strings.Contains(msg, "\n") {
+				t.Fatalf("refusal after %s %q does not say %q on one line", what, msg, w)
+			}
+		}
+		if _, err := st.HighWater(ctx, region, code); !errors.Is(err, segment.ErrHighWaterRegressed) {
+			t.Fatalf("HighWater after %s: %v, want ErrHighWaterRegressed", what, err)
+		}
+	}
+
+	lowered := granted[len(granted)-1].Lo
+	be.Put(t, hk, []byte(segment.EncodeHighWater(lowered)), 0)
+	refused("lowering the mark", lowered, hk)
+	refused("a second try", lowered, hk)
+	if n := obs.NRegressed.Load(); n != 1 {
+		t.Fatalf("observer heard of %d regressions, want 1 (once per regressed code, not per call)", n)
+	}
+	if v, ok := be.Get(t, hk); !ok || string(v) != segment.EncodeHighWater(lowered) {
+		t.Fatalf("HWM key now %q (present %v); the Store must not rewrite it", v, ok)
+	}
+
+	// Acquire skips the code: with l released, it would be the first tried.
+	if err := st.Release(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	if free, err := st.FreeCodes(ctx, region); err != nil || free != 255 {
+		t.Fatalf("FreeCodes = %d, %v; want 255 (the regressed code is unusable)", free, err)
+	}
+	other, err := st.Acquire(ctx, region, "other")
+	if err != nil || other.Worker == code {
+		t.Fatalf("Acquire with code %d regressed = %+v, %v; want another code", code, other, err)
+	}
+	snap, err := st.Snapshot(ctx, region)
+	if err != nil || !errors.Is(snap.Corrupt[code], segment.ErrHighWaterRegressed) || snap.Free != 254 {
+		t.Fatalf("Snapshot: code %d error %v, %d free, %v; want ErrHighWaterRegressed and 254 free", code, snap.Corrupt[code], snap.Free, err)
+	}
+
+	// Lifted back to the floor (what a restore fence does, and more): usable.
+	be.Put(t, hk, []byte(segment.EncodeHighWater(floor)), 0)
+	l, err = st.Acquire(ctx, region, "victim again")
+	if err != nil || l.Worker != code {
+		t.Fatalf("Acquire after the lift = %+v, %v; want code %d", l, err, code)
+	}
+	b, err := st.Allocate(ctx, l, 4096)
+	if err != nil || b.Lo < floor {
+		t.Fatalf("Allocate after the lift = %+v, %v; want a block at or above %d", b, err, floor)
+	}
+	granted = append(granted, b)
+	CheckDisjoint(t, granted)
+	if n := obs.NRecovered.Load(); n != 1 {
+		t.Fatalf("observer heard of %d recoveries, want 1", n)
+	}
+
+	// A deleted mark reads as 0: below the floor too.
+	floor = b.Hi
+	be.Delete(t, hk)
+	refused("deleting the mark", 0, "deleted")
+	if n := obs.NRegressed.Load(); n != 2 {
+		t.Fatalf("observer heard of %d regressions, want 2", n)
+	}
+}
+
+// testFailedCommitFloor: a commit whose outcome is unknown does not raise
+// the Store's floor. When it was not applied, the stored mark is still the
+// last known one and the next grant goes on from it (a floor raised to the
+// lost block's end would stop a healthy code); when it was applied, the
+// next read raises the floor to it, so lowering the mark below the burned
+// range is caught.
+func testFailedCommitFloor(t *testing.T, be Backend) {
+	obs := &Counter{}
+	failing := &lostReply{Storage: be.Storage(t), lostRequest: true}
+	st := NewStore(t, failing, segment.StoreConfig{Observer: obs})
+	ctx := Ctx(t)
+	l, err := st.Acquire(ctx, 0, "unlucky")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b1, err := st.Allocate(ctx, l, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	failing.armed.Store(true)
+	if _, err := st.Allocate(ctx, l, 4096); !errors.Is(err, segment.ErrUnavailable) {
+		t.Fatalf("Allocate over a failed commit: %v, want ErrUnavailable", err)
+	}
+	b2, err := st.Allocate(ctx, l, 4096)
+	if err != nil || b2.Lo < b1.Hi {
+		t.Fatalf("Allocate after a commit that was not applied = %+v, %v; want a block from %d", b2, err, b1.Hi)
+	}
+	if n := obs.NRegressed.Load(); n != 0 {
+		t.Fatalf("observer heard of %d regressions after a commit that was not applied", n)
+	}
+
+	// Applied but unknown (lostReply): the burned range is above b2; the
+	// next read raises the floor to it.
+	lost := &lostReply{Storage: be.Storage(t)}
+	st2 := NewStore(t, lost, segment.StoreConfig{Observer: obs})
+	if _, err := st2.Allocate(ctx, l, 4096); err != nil {
+		t.Fatal(err)
+	}
+	lost.armed.Store(true)
+	if _, err := st2.Allocate(ctx, l, 4096); !errors.Is(err, segment.ErrUnavailable) {
+		t.Fatalf("Allocate with a lost reply: %v, want ErrUnavailable", err)
+	}
+	burned, err := st2.HighWater(ctx, 0, l.Worker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	be.Put(t, be.HighWaterKey(0, l.Worker), []byte(segment.EncodeHighWater(burned-1)), 0)
+	if _, err := st2.Allocate(ctx, l, 4096); !errors.Is(err, segment.ErrHighWaterRegressed) {
+		t.Fatalf("Allocate after lowering into the burned range: %v, want ErrHighWaterRegressed", err)
+	}
+}
+
+// testNoFalseRegression: reads of a code's mark that race with grants on
+// it, in the same Store and in another replica (Allocate, HighWater,
+// FreeCodes, Snapshot, all at once), never count as a regression: a read
+// is judged only against what the Store knew when it was sent.
+func testNoFalseRegression(t *testing.T, be Backend) {
+	obs := &Counter{}
+	stores := []*segment.Store{
+		NewStore(t, be.Storage(t), segment.StoreConfig{Observer: obs}),
+		NewStore(t, be.Storage(t), segment.StoreConfig{Observer: obs}),
+	}
+	ctx := Ctx(t)
+	const region, codes, grants = 3, 4, 30
+	leases := make([]segment.Lease, codes)
+	for i := range leases {
+		l, err := stores[0].Acquire(ctx, region, fmt.Sprintf("code-%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases[i] = l
+	}
+	var (
+		wg      sync.WaitGroup
+		granted atomic.Int64
+		stop    = make(chan struct{})
+		errs    = make(chan error, 4*codes+4)
+	)
+	for i := range 2 * codes { // grants: two callers per code, one per replica
+		wg.Go(func() {
+			st, l := stores[i%2], leases[i/2]
+			for range grants {
+				if _, err := st.Allocate(ctx, l, 4096); err != nil {
+					errs <- err
+					return
+				}
+				granted.Add(1)
+			}
+		})
+	}
+	var readers sync.WaitGroup
+	for i := range 4 { // reads on both replicas until the grants end
+		readers.Go(func() {
+			st := stores[i%2]
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				var err error
+				switch n % 3 {
+				case 0:
+					_, err = st.HighWater(ctx, region, leases[n%codes].Worker)
+				case 1:
+					_, err = st.FreeCodes(ctx, region)
+				default:
+					var snap segment.RegionSnapshot
+					if snap, err = st.Snapshot(ctx, region); err == nil && len(snap.Corrupt) > 0 {
+						err = fmt.Errorf("snapshot reports %d stopped codes", len(snap.Corrupt))
+					}
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	readers.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if n := obs.NRegressed.Load(); n != 0 {
+		t.Fatalf("observer heard of %d regressions of marks that only grew", n)
+	}
+	t.Logf("%d grants raced with reads on two replicas; no regression reported", granted.Load())
 }
