@@ -246,7 +246,7 @@ func (c serveConfig) Validate() error {
 	if err := c.storeConfig().Validate(); err != nil {
 		return fmt.Errorf("store settings (--lease-ttl, --max-block, --max-lead): %w", err)
 	}
-	return c.Security.validate(c.Listen, c.Metrics, c.HTTP, len(c.Etcd) > 0)
+	return c.Security.validate(c.Listen, c.Metrics, c.HTTP, c.Etcd)
 }
 
 // validateSpace checks the compaction and quota flags.
