@@ -50,7 +50,7 @@ func TestServeRegionRecordSubprocess(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantServeFailure(t, serveArgs("--region", "2", "--data-dir", dir,
-		"--etcd-client-url", "http://127.0.0.1:0", "--etcd-peer-url", "http://127.0.0.1:0"),
+		"--etcd-client-url", "https://127.0.0.1:0", "--etcd-peer-url", "https://127.0.0.1:0"),
 		"this etcd holds region 1", "--region 2")
 
 	e := embedetcdtest.Start(t)

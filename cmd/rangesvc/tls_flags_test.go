@@ -178,7 +178,7 @@ func TestNoSilentDowngrade(t *testing.T) {
 				var stdout, stderr bytes.Buffer
 				cmd := []string{"serve", "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0", "--http", "127.0.0.1:0"}
 				if !slices.Contains(tc.args, "--etcd") {
-					cmd = append(cmd, "--data-dir", t.TempDir(), "--etcd-client-url", "http://127.0.0.1:0", "--etcd-peer-url", "http://127.0.0.1:0")
+					cmd = append(cmd, "--data-dir", t.TempDir(), "--etcd-client-url", "https://127.0.0.1:0", "--etcd-peer-url", "https://127.0.0.1:0")
 				}
 				code := run(ctx, append(cmd, tc.args...), &stdout, &stderr)
 				out, errs := stdout.String(), stderr.String()
