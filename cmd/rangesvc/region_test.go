@@ -73,6 +73,8 @@ func TestRegionFlagsBad(t *testing.T) {
 		{[]string{"--registry-prefix", "reg"}, "--registry-prefix"},
 		{[]string{"--registry-check-interval", "10ms"}, "--registry-check-interval"},
 		{[]string{"--registry-cacert", "/nonexistent/ca.crt"}, "need --registry-etcd"},
+		{[]string{"--registry-etcd", "https://127.0.0.1:2379,http://127.0.0.2:2379", "--registry-cacert", "/nonexistent/ca.crt"},
+			"--registry-etcd http://127.0.0.2:2379 with --registry-cacert: an http:// endpoint makes the etcd client drop TLS"},
 		{[]string{"--registry-etcd", "127.0.0.1:2379", "--registry-cacert", "/nonexistent/ca.crt"}, "--registry-cacert: "},
 	} {
 		code, _, errs := runCmd(append([]string{"serve", "--region", "1"}, tc.args...)...)
