@@ -92,6 +92,17 @@ func (f regionFlags) validate() error {
 	case !tlsSet && !https:
 		return nil
 	}
+	var set []string
+	for _, fl := range []struct{ name, value string }{
+		{"--registry-cacert", f.RegistryCACert}, {"--registry-cert", f.RegistryCert}, {"--registry-key", f.RegistryKey},
+	} {
+		if fl.value != "" {
+			set = append(set, fl.name)
+		}
+	}
+	if err := plaintextEndpoint("--registry-etcd", f.RegistryEtcd, set); err != nil {
+		return err
+	}
 	tc, err := tlsfiles.Files{Cert: f.RegistryCert, Key: f.RegistryKey, CA: f.RegistryCACert}.ClientConfig()
 	if err != nil {
 		var fe *tlsfiles.FileError

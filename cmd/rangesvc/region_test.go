@@ -50,7 +50,7 @@ func TestServeRegionRecordSubprocess(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantServeFailure(t, serveArgs("--region", "2", "--data-dir", dir,
-		"--etcd-client-url", "http://127.0.0.1:0", "--etcd-peer-url", "http://127.0.0.1:0"),
+		"--etcd-client-url", "https://127.0.0.1:0", "--etcd-peer-url", "https://127.0.0.1:0"),
 		"this etcd holds region 1", "--region 2")
 
 	e := embedetcdtest.Start(t)
@@ -73,6 +73,8 @@ func TestRegionFlagsBad(t *testing.T) {
 		{[]string{"--registry-prefix", "reg"}, "--registry-prefix"},
 		{[]string{"--registry-check-interval", "10ms"}, "--registry-check-interval"},
 		{[]string{"--registry-cacert", "/nonexistent/ca.crt"}, "need --registry-etcd"},
+		{[]string{"--registry-etcd", "https://127.0.0.1:2379,http://127.0.0.2:2379", "--registry-cacert", "/nonexistent/ca.crt"},
+			"--registry-etcd http://127.0.0.2:2379 with --registry-cacert: an http:// endpoint makes the etcd client drop TLS"},
 		{[]string{"--registry-etcd", "127.0.0.1:2379", "--registry-cacert", "/nonexistent/ca.crt"}, "--registry-cacert: "},
 	} {
 		code, _, errs := runCmd(append([]string{"serve", "--region", "1"}, tc.args...)...)

@@ -234,7 +234,9 @@ type serveEtcd struct {
 }
 
 // openEtcd starts the embedded etcd or connects to the external one, and
-// checks that it answers.
+// checks that it answers. The embedded etcd is always the secured member
+// (https, client certificates of <data-dir>/pki required): its URLs are
+// https (serveConfig.Validate).
 func openEtcd(ctx context.Context, cfg serveConfig, log *slog.Logger) (_ *serveEtcd, err error) {
 	e := &serveEtcd{}
 	defer func() {
@@ -258,10 +260,15 @@ func openEtcd(ctx context.Context, cfg serveConfig, log *slog.Logger) (_ *serveE
 		if err != nil {
 			return nil, errors.Wrap(err, "embedded etcd")
 		}
+		pki := e.emb.PKI()
+		for _, c := range pki.Changes {
+			log.Info("embedded etcd pki", "change", c)
+		}
 		if e.cli, err = e.emb.NewClient(nil); err != nil {
 			return nil, err
 		}
-		log.Info("embedded etcd ready", "endpoints", strings.Join(e.emb.Endpoints(), ","))
+		log.Info("embedded etcd ready", "endpoints", strings.Join(e.emb.Endpoints(), ","), "peer", e.emb.PeerEndpoint(),
+			"cacert", pki.CACert, "cert", pki.ClientCert, "key", pki.ClientKey)
 	} else {
 		if e.cli, err = cfg.Security.openEtcd(ctx, cfg.Etcd, cfg.EtcdTimeout, cfg.KeyPrefix); err != nil {
 			return nil, err

@@ -24,8 +24,8 @@ const (
 	defaultListen        = "127.0.0.1:7070"
 	defaultMetrics       = "127.0.0.1:9090"
 	defaultDataDir       = "./data/rangesvc"
-	defaultEtcdClientURL = "http://127.0.0.1:2379"
-	defaultEtcdPeerURL   = "http://127.0.0.1:2380"
+	defaultEtcdClientURL = "https://127.0.0.1:2379"
+	defaultEtcdPeerURL   = "https://127.0.0.1:2380"
 	defaultShutdown      = 10 * time.Second
 	defaultDrainDelay    = 5 * time.Second
 )
@@ -56,8 +56,11 @@ type serveConfig struct {
 	// of the embedded one.
 	Etcd []string
 	// EtcdClientURL / EtcdPeerURL (--etcd-client-url, --etcd-peer-url,
-	// defaults http://127.0.0.1:2379 and :2380) are the embedded etcd's
-	// addresses; other replicas can point --etcd at the client URL.
+	// defaults https://127.0.0.1:2379 and :2380) are the embedded etcd's
+	// addresses: https only, and client certificates of the PKI in
+	// <DataDir>/pki required on both (internal/embedetcd); a non-loopback
+	// host needs --insecure. Other replicas can point --etcd at the client
+	// URL with that PKI's files (--etcd-cacert, --etcd-cert, --etcd-key).
 	EtcdClientURL, EtcdPeerURL string
 	// LeaseTTL (--lease-ttl, default 10s) is the worker-code lease TTL asked
 	// of etcd (whole seconds, at least 2s).
@@ -142,8 +145,8 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 		}
 		return nil
 	})
-	fs.StringVar(&c.EtcdClientURL, "etcd-client-url", defaultEtcdClientURL, "embedded etcd client URL (port 0: any free port)")
-	fs.StringVar(&c.EtcdPeerURL, "etcd-peer-url", defaultEtcdPeerURL, "embedded etcd peer URL (port 0: any free port)")
+	fs.StringVar(&c.EtcdClientURL, "etcd-client-url", defaultEtcdClientURL, "embedded etcd client URL, https only: clients need the certificates in <data-dir>/pki (port 0: any free port; not loopback: needs --insecure)")
+	fs.StringVar(&c.EtcdPeerURL, "etcd-peer-url", defaultEtcdPeerURL, "embedded etcd peer URL, https only, as --etcd-client-url")
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", segment.DefaultLeaseTTL, "worker-code lease TTL (whole seconds, >= 2s)")
 	fs.IntVar(&c.MaxBlock, "max-block", int(segment.DefaultMaxBlock), "largest block a request may ask for, in IDs")
 	fs.DurationVar(&c.MaxLead, "max-lead", segment.DefaultMaxLead, "how far a code's HWM may run ahead of the clock")
@@ -207,9 +210,9 @@ func (c serveConfig) Validate() error {
 		}
 	}
 	if len(c.Etcd) == 0 {
-		for flag, u := range map[string]string{"--etcd-client-url": c.EtcdClientURL, "--etcd-peer-url": c.EtcdPeerURL} {
-			if err := checkHTTPURL(u); err != nil {
-				return fmt.Errorf("%s: %w", flag, err)
+		for _, f := range []struct{ flag, url string }{{"--etcd-client-url", c.EtcdClientURL}, {"--etcd-peer-url", c.EtcdPeerURL}} {
+			if err := checkEmbeddedEtcdURL(f.flag, f.url, c.Security.Insecure); err != nil {
+				return err
 			}
 		}
 	}
@@ -246,7 +249,7 @@ func (c serveConfig) Validate() error {
 	if err := c.storeConfig().Validate(); err != nil {
 		return fmt.Errorf("store settings (--lease-ttl, --max-block, --max-lead): %w", err)
 	}
-	return c.Security.validate(c.Listen, c.Metrics, c.HTTP, len(c.Etcd) > 0)
+	return c.Security.validate(c.Listen, c.Metrics, c.HTTP, c.Etcd)
 }
 
 // validateSpace checks the compaction and quota flags.
@@ -312,10 +315,23 @@ func checkEndpoint(e string) error {
 	return nil
 }
 
-func checkHTTPURL(raw string) error {
+// checkEmbeddedEtcdURL accepts an embedded etcd URL: https://host:port,
+// on loopback unless insecure. The member serves TLS and requires client
+// certificates; an http:// URL would serve plaintext to anyone, so it is
+// refused rather than mapped.
+func checkEmbeddedEtcdURL(flag, raw string, insecure bool) error {
 	u, err := url.Parse(raw)
-	if err != nil || u.Scheme != "http" || u.Host == "" || (u.Path != "" && u.Path != "/") {
-		return fmt.Errorf("%q: want http://host:port", raw)
+	switch {
+	case err == nil && u.Scheme == "http":
+		return fmt.Errorf("%s %s: the embedded etcd serves https only, with client certificates from <data-dir>/pki (docs/operations.md, \"The embedded etcd\"); use https://%s", flag, raw, u.Host)
+	case err != nil || u.Scheme != "https" || u.Hostname() == "" || (u.Path != "" && u.Path != "/"):
+		return fmt.Errorf("%s %q: want https://host:port", flag, raw)
 	}
-	return checkHostPort("url", u.Host)
+	if err := checkHostPort(flag, u.Host); err != nil {
+		return err
+	}
+	if !insecure && !loopback(u.Host) {
+		return fmt.Errorf("%s %s is not a loopback address: the embedded etcd holds every lease and high-water mark; serving it to other hosts needs --insecure (it still requires the client certificates of <data-dir>/pki)", flag, raw)
+	}
+	return nil
 }

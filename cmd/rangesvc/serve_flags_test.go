@@ -26,8 +26,13 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"serve", "--region", "0", "--etcd", "localhost"}, "--etcd endpoint 1"},
 		{[]string{"serve", "--region", "0", "--etcd", "127.0.0.1:2379,ftp://x:1"}, "--etcd endpoint 2"},
 		{[]string{"serve", "--region", "0", "--etcd", ","}, "no endpoints"},
-		{[]string{"serve", "--region", "0", "--etcd-client-url", "https://127.0.0.1:1"}, "--etcd-client-url"},
+		{[]string{"serve", "--region", "0", "--etcd-client-url", "http://127.0.0.1:1"}, "--etcd-client-url http://127.0.0.1:1: the embedded etcd serves https only"},
+		{[]string{"serve", "--region", "0", "--etcd-peer-url", "http://127.0.0.1:1"}, "--etcd-peer-url http://127.0.0.1:1: the embedded etcd serves https only"},
 		{[]string{"serve", "--region", "0", "--etcd-peer-url", "127.0.0.1:1"}, "--etcd-peer-url"},
+		{[]string{"serve", "--region", "0", "--etcd-client-url", "https://:2379"}, `--etcd-client-url "https://:2379": want https://host:port`},
+		{[]string{"serve", "--region", "0", "--etcd-client-url", "https://0.0.0.0:2379"}, "--etcd-client-url https://0.0.0.0:2379 is not a loopback address"},
+		{[]string{"serve", "--region", "0", "--etcd-peer-url", "https://[::]:0"}, "--etcd-peer-url https://[::]:0 is not a loopback address"},
+		{[]string{"serve", "--region", "0", "--etcd-client-url", "https://10.1.2.3:2379", "--etcd-peer-url", "https://10.1.2.3:2380"}, "needs --insecure"},
 		{[]string{"serve", "--region", "0", "--lease-ttl", "1s"}, "--lease-ttl"},
 		{[]string{"serve", "--region", "0", "--lease-ttl", "2500ms"}, "whole seconds"},
 		{[]string{"serve", "--region", "0", "--max-block", "0"}, "--max-block 0"},
@@ -77,8 +82,15 @@ func TestServeFlagsDefaults(t *testing.T) {
 	}
 	if c.Listen != defaultListen || c.Metrics != defaultMetrics || c.DataDir != defaultDataDir ||
 		c.DrainDelay != defaultDrainDelay || c.LogFormat != logText || c.ConfigFile != "" ||
-		c.LeaseTTL != segment.DefaultLeaseTTL || c.MaxLead != segment.DefaultMaxLead || len(c.Etcd) != 0 || c.Region != 2 {
+		c.LeaseTTL != segment.DefaultLeaseTTL || c.MaxLead != segment.DefaultMaxLead || len(c.Etcd) != 0 || c.Region != 2 ||
+		c.EtcdClientURL != "https://127.0.0.1:2379" || c.EtcdPeerURL != "https://127.0.0.1:2380" {
 		t.Fatalf("defaults = %+v", c)
+	}
+	// The embedded etcd on another interface, on purpose.
+	c, err = parseServeFlags([]string{"--region", "2", "--insecure", "--etcd-client-url", "https://0.0.0.0:2379",
+		"--etcd-peer-url", "https://10.1.2.3:2380"}, &strings.Builder{})
+	if err != nil || c.EtcdClientURL != "https://0.0.0.0:2379" {
+		t.Fatalf("--insecure with a wide embedded etcd: %+v, %v", c, err)
 	}
 	c, err = parseServeFlags([]string{"--region", "1", "--etcd", "10.0.0.1:2379, http://10.0.0.2:2379"}, &strings.Builder{})
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -53,7 +54,7 @@ func (s *securityFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&s.Admin, "tls-admin-identities", "", "comma list of identity patterns allowed to call the admin RPCs (and the RangeService); empty: nobody")
 	fs.StringVar(&s.MetricsClientCA, "metrics-client-ca", "", "PEM CA bundle: the metrics port requires client certificates signed by it (needs --tls-cert)")
 	fs.IntVar(&s.MaxCodesPerIdentity, "max-codes-per-identity", segment.DefaultMaxCodesPerIdentity, "worker codes one client identity may hold at once (1..256; mutual TLS only)")
-	fs.BoolVar(&s.Insecure, "insecure", false, "allow plaintext gRPC/metrics on a non-loopback address (no TLS: anyone who reaches the port can take every code)")
+	fs.BoolVar(&s.Insecure, "insecure", false, "allow a non-loopback --listen, --http or --metrics without mutual TLS (--tls-client-ca), or a non-loopback embedded etcd URL: anyone who reaches such a port can take every code")
 	fs.StringVar(&s.Etcd.CACert, "etcd-cacert", "", "PEM CA bundle verifying the external etcd's certificate (with --etcd)")
 	fs.StringVar(&s.Etcd.Cert, "etcd-cert", "", "PEM client certificate for etcd (with --etcd)")
 	fs.StringVar(&s.Etcd.Key, "etcd-key", "", "PEM private key of --etcd-cert")
@@ -61,9 +62,11 @@ func (s *securityFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&s.Etcd.PasswordFile, "etcd-password-file", "", "file whose first line is --etcd-user's password")
 }
 
-// validate checks and loads the flags; listen and metrics are the
-// listen addresses, external whether --etcd was given. Errors name the flag.
-func (s securityFlags) validate(listen, metrics, httpAPI string, external bool) error {
+// validate checks and loads the flags; listen, metrics and httpAPI are the
+// listen addresses, etcd the --etcd endpoints (none: the embedded etcd).
+// Errors name the flag.
+func (s securityFlags) validate(listen, metrics, httpAPI string, etcd []string) error {
+	external := len(etcd) > 0
 	l := &loadedSecurity{}
 	if s.TLSCert != "" || s.TLSKey != "" {
 		tc, err := tlsfiles.Files{Cert: s.TLSCert, Key: s.TLSKey, CA: s.TLSClientCA}.ServerConfig()
@@ -83,11 +86,9 @@ func (s securityFlags) validate(listen, metrics, httpAPI string, external bool) 
 		case s.MetricsClientCA != "":
 			return errors.New("--metrics-client-ca needs --tls-cert and --tls-key")
 		}
-		for flag, addr := range map[string]string{"--listen": listen, "--metrics": metrics, "--http": httpAPI} {
-			if addr != "" && !s.Insecure && !loopback(addr) {
-				return fmt.Errorf("%s %s is not a loopback address: serving plaintext there needs --insecure (or TLS: --tls-cert, --tls-key)", flag, addr)
-			}
-		}
+	}
+	if err := s.checkExposure(listen, metrics, httpAPI); err != nil {
+		return err
 	}
 	var err error
 	if l.allowed, err = authz.ParsePatterns("--tls-allowed-identities", cli.SplitList(s.Allowed)); err != nil {
@@ -106,12 +107,72 @@ func (s securityFlags) validate(listen, metrics, httpAPI string, external bool) 
 		return errors.New("--etcd-cacert, --etcd-cert, --etcd-key, --etcd-user and --etcd-password-file are for an external etcd (--etcd)")
 	}
 	if external {
+		if err := s.checkEtcdDowngrade(etcd); err != nil {
+			return err
+		}
 		if _, err := s.Etcd.Config(); err != nil {
 			return err // names the flag
 		}
 	}
 	if s.loaded != nil {
 		*s.loaded = *l
+	}
+	return nil
+}
+
+// checkExposure refuses a non-loopback port that does not authenticate
+// its callers, unless --insecure: without --tls-client-ca anyone who
+// reaches --listen or --http can lease (and release, and fence) every code,
+// whether or not the port serves TLS; --metrics counts as authenticated
+// with either CA (it serves no leases, but says which codes are in use).
+func (s securityFlags) checkExposure(listen, metrics, httpAPI string) error {
+	if s.Insecure || s.TLSClientCA != "" {
+		return nil
+	}
+	for _, p := range []struct{ flag, addr string }{{"--listen", listen}, {"--http", httpAPI}, {"--metrics", metrics}} {
+		switch {
+		case p.addr == "" || loopback(p.addr):
+		case p.flag == "--metrics" && s.MetricsClientCA != "":
+		case p.flag == "--metrics":
+			return fmt.Errorf("--metrics %s is not a loopback address and nothing authenticates its callers: add --tls-client-ca (mutual TLS), or --metrics-client-ca for this port, or --insecure to accept that", p.addr)
+		case s.TLSCert == "":
+			return fmt.Errorf("%s %s is not a loopback address: serving plaintext there needs --insecure (or mutual TLS: --tls-cert, --tls-key, --tls-client-ca)", p.flag, p.addr)
+		default:
+			return fmt.Errorf("%s %s is not a loopback address: TLS without client certificates lets anyone who reaches it lease every code; add --tls-client-ca (mutual TLS), or --insecure to accept that", p.flag, p.addr)
+		}
+	}
+	return nil
+}
+
+// checkEtcdDowngrade refuses an http:// --etcd endpoint together with an
+// etcd TLS or auth flag: the etcd client drops TLS for http:// endpoints
+// without a word, and would send the password in clear text. (A bare
+// host:port uses TLS when a TLS flag is set.)
+func (s securityFlags) checkEtcdDowngrade(endpoints []string) error {
+	var set []string
+	for _, f := range []struct{ name, value string }{
+		{etcdclient.FlagCACert, s.Etcd.CACert}, {etcdclient.FlagCert, s.Etcd.Cert}, {etcdclient.FlagKey, s.Etcd.Key},
+		{etcdclient.FlagUser, s.Etcd.User}, {etcdclient.FlagPasswordFile, s.Etcd.PasswordFile},
+	} {
+		if f.value != "" {
+			set = append(set, f.name)
+		}
+	}
+	return plaintextEndpoint("--etcd", endpoints, set)
+}
+
+// plaintextEndpoint refuses an http:// endpoint among endpoints (of
+// flag) when TLS or auth flags are set: the etcd client would drop TLS
+// for it without a word.
+func plaintextEndpoint(flag string, endpoints, set []string) error {
+	if len(set) == 0 {
+		return nil
+	}
+	for _, e := range endpoints {
+		if strings.HasPrefix(strings.ToLower(e), "http://") {
+			return fmt.Errorf("%s %s with %s: an http:// endpoint makes the etcd client drop TLS without a word (and send any password in clear text); use https://%s, or a bare host:port",
+				flag, e, strings.Join(set, ", "), e[len("http://"):])
+		}
 	}
 	return nil
 }

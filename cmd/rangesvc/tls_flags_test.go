@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -120,6 +121,74 @@ func TestSecurityBadFlags(t *testing.T) {
 			code, out, errs := runCmd(tc.args...)
 			if code != cli.ExitUsage || out != "" || !strings.Contains(errs, tc.msg) {
 				t.Fatalf("exit %d, stdout %q, stderr %q; want exit %d saying %q", code, out, errs, cli.ExitUsage, tc.msg)
+			}
+		})
+	}
+}
+
+// No silent downgrade (issue 24): an http:// --etcd endpoint with an etcd
+// TLS or auth flag (the client would drop TLS and send the password in
+// clear text), and a non-loopback port without mutual TLS unless
+// --insecure, exit 2 naming the flags and the fix; the secure forms and
+// an explicit --insecure parse.
+func TestNoSilentDowngrade(t *testing.T) {
+	p := newTestPKI(t, "etcd-client")
+	pw := filepath.Join(p.dir, "password")
+	if err := os.WriteFile(pw, []byte("secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	etcdTLS := []string{"--etcd-cacert", p.ca, "--etcd-cert", p.clients["etcd-client"].Cert, "--etcd-key", p.clients["etcd-client"].Key}
+	etcdAuth := []string{"--etcd-user", "idrange", "--etcd-password-file", pw}
+	serverTLS := []string{"--tls-cert", p.server.Cert, "--tls-key", p.server.Key}
+	args := func(parts ...[]string) []string {
+		out := []string{"--region", "1"}
+		for _, p := range parts {
+			out = append(out, p...)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		args []string
+		msg  string // "" when the flags are accepted
+	}{
+		{args([]string{"--etcd", "http://127.0.0.1:2379"}, etcdTLS),
+			"--etcd http://127.0.0.1:2379 with --etcd-cacert, --etcd-cert, --etcd-key: an http:// endpoint makes the etcd client drop TLS"},
+		{args([]string{"--etcd", "127.0.0.1:2379,HTTP://127.0.0.2:2379"}, etcdAuth),
+			"--etcd HTTP://127.0.0.2:2379 with --etcd-user, --etcd-password-file: an http:// endpoint makes the etcd client drop TLS without a word (and send any password in clear text); use https://127.0.0.2:2379"},
+		{args([]string{"--etcd", "http://127.0.0.1:2379", "--etcd-cacert", p.ca}), "--etcd http://127.0.0.1:2379 with --etcd-cacert:"},
+		{args([]string{"--etcd", "https://127.0.0.1:2379,127.0.0.2:2379"}, etcdTLS, etcdAuth), ""},
+		{args([]string{"--etcd", "http://127.0.0.1:2379"}), ""}, // plaintext, and nothing says otherwise
+
+		{args(serverTLS, []string{"--listen", "0.0.0.0:0"}), "--listen 0.0.0.0:0 is not a loopback address: TLS without client certificates lets anyone who reaches it lease every code; add --tls-client-ca (mutual TLS), or --insecure"},
+		{args(serverTLS, []string{"--http", "[::]:0"}), "--http [::]:0 is not a loopback address: TLS without client certificates"},
+		{args(serverTLS, []string{"--metrics", ":0"}), "--metrics :0 is not a loopback address and nothing authenticates its callers: add --tls-client-ca (mutual TLS), or --metrics-client-ca for this port, or --insecure"},
+		{args([]string{"--metrics", "10.1.2.3:0"}), "--metrics 10.1.2.3:0 is not a loopback address and nothing authenticates its callers"},
+		{args([]string{"--http", "10.1.2.3:7071"}), "--http 10.1.2.3:7071 is not a loopback address: serving plaintext there needs --insecure (or mutual TLS: --tls-cert, --tls-key, --tls-client-ca)"},
+		{args(serverTLS, []string{"--listen", "0.0.0.0:0", "--insecure"}), ""},
+		{args(serverTLS, []string{"--listen", "0.0.0.0:0", "--http", "0.0.0.0:0", "--metrics", "0.0.0.0:0", "--tls-client-ca", p.ca}), ""},
+		{args(serverTLS, []string{"--metrics", "0.0.0.0:0", "--metrics-client-ca", p.ca}), ""},
+		{args(serverTLS, []string{"--listen", "0.0.0.0:0", "--metrics-client-ca", p.ca}), "--listen 0.0.0.0:0 is not a loopback address"},
+	} {
+		t.Run(strings.Join(tc.args[2:], " "), func(t *testing.T) {
+			if tc.msg != "" {
+				// Bounded, and off the default data dir and etcd ports, in
+				// case the flags are wrongly accepted and serve starts.
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				var stdout, stderr bytes.Buffer
+				cmd := []string{"serve", "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0", "--http", "127.0.0.1:0"}
+				if !slices.Contains(tc.args, "--etcd") {
+					cmd = append(cmd, "--data-dir", t.TempDir(), "--etcd-client-url", "https://127.0.0.1:0", "--etcd-peer-url", "https://127.0.0.1:0")
+				}
+				code := run(ctx, append(cmd, tc.args...), &stdout, &stderr)
+				out, errs := stdout.String(), stderr.String()
+				if code != cli.ExitUsage || out != "" || !strings.Contains(errs, tc.msg) {
+					t.Fatalf("exit %d, stdout %q, stderr %q; want exit %d saying %q", code, out, errs, cli.ExitUsage, tc.msg)
+				}
+				return
+			}
+			if _, err := parseServeFlags(tc.args, io.Discard); err != nil {
+				t.Fatalf("parse: %v, want the flags accepted", err)
 			}
 		})
 	}

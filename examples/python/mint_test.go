@@ -21,8 +21,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-var etcdReadyRE = regexp.MustCompile(`msg="embedded etcd ready" endpoints=(\S+)`)
-
 // mint.py mints from two replicas sharing one etcd and checks every ID is
 // unique and decodes to the region; here the test also shows that mint.py
 // fails (exit 1) when the region it is told does not match.
@@ -33,11 +31,8 @@ func TestPythonExample(t *testing.T) {
 	}
 	const region = 1
 	a := testenv.StartServe(t, testenv.ServeConfig{Region: region})
-	m := etcdReadyRE.FindStringSubmatch(a.Stderr())
-	if m == nil {
-		t.Fatalf("no embedded etcd endpoint in the first replica's log:\n%s", a.Stderr())
-	}
-	b := testenv.StartServe(t, testenv.ServeConfig{Region: region, Etcd: strings.Split(m[1], ",")})
+	etcd := a.EmbeddedEtcd(t)
+	b := testenv.StartServe(t, testenv.ServeConfig{Region: region, Etcd: []string{etcd.Endpoint}, Args: etcd.Flags()})
 	urls := []string{"http://" + a.HTTPAddr, "http://" + b.HTTPAddr}
 
 	out, err := runPy(t, py, append([]string{"--region", fmt.Sprint(region), "--count", "5000", "--batch", "1000"}, urls...)...)

@@ -12,6 +12,12 @@
 // 127.0.0.1; the port actually bound is remembered, so a restart comes back
 // on the same address and existing clientv3 clients reconnect by themselves.
 //
+// Security: http URLs serve plaintext to anyone who reaches the port (the
+// tests' default). https URLs (both, as `rangesvc serve` uses) serve TLS
+// and require a client certificate of the PKI that Start keeps in
+// Dir/pki (pki.go): NewClient presents it, and operators reach the member
+// with etcdctl and those files (PKI).
+//
 // Logs: etcd is chatty. Config.LogLevel defaults to "error"; tests use a nop
 // logger (package embedetcdtest, which holds the test helpers so that this
 // package does not import testing).
@@ -23,13 +29,17 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+
+	"github.com/idrange/idrange/tlsfiles"
 )
 
 // Defaults used when a Config field is zero.
@@ -41,9 +51,11 @@ const (
 	DefaultReadyTimeout = 30 * time.Second
 	// DefaultLogLevel keeps etcd quiet unless something is wrong.
 	DefaultLogLevel = "error"
-	// DefaultClientURL is the loopback client URL with a random port.
+	// DefaultClientURL is the loopback client URL with a random port
+	// (plaintext).
 	DefaultClientURL = "http://127.0.0.1:0"
-	// DefaultPeerURL is the loopback peer URL with a random port.
+	// DefaultPeerURL is the loopback peer URL with a random port
+	// (plaintext).
 	DefaultPeerURL = "http://127.0.0.1:0"
 	// BusyTickMs and BusyElectionMs are generous raft timings for a machine
 	// loaded by other work (tests under -race, benchmarks that use every
@@ -72,10 +84,13 @@ type Config struct {
 	// Name is the member name. Default DefaultName.
 	Name string
 	// ClientURL is where clients connect, e.g. "http://127.0.0.1:2379".
-	// Default DefaultClientURL (random loopback port).
+	// Default DefaultClientURL (random loopback port). With https (then
+	// PeerURL is https too) the member requires client certificates of
+	// the PKI in Dir/pki.
 	ClientURL string
 	// PeerURL is the raft peer URL (unused by a single node but required by
-	// etcd). Default DefaultPeerURL (random loopback port).
+	// etcd). Default DefaultPeerURL (random loopback port); its scheme is
+	// ClientURL's.
 	PeerURL string
 	// TickMs and ElectionMs are raft timings. Zero keeps etcd's defaults
 	// (100 ms / 1000 ms). ElectionMs must be >= 5*TickMs (etcd's rule).
@@ -132,6 +147,9 @@ func (c Config) Validate() error {
 			return errors.Wrapf(err, "embedetcd: Config.%s", field)
 		}
 	}
+	if cu, pu := c.ClientURL, c.PeerURL; !strings.HasPrefix(cu, "https:") != !strings.HasPrefix(pu, "https:") {
+		return errors.Newf("embedetcd: Config.ClientURL %q and Config.PeerURL %q: both http or both https (a plaintext peer port would be a way around the client certificates)", cu, pu)
+	}
 	if c.ReadyTimeout < 0 {
 		return errors.Newf("embedetcd: Config.ReadyTimeout %v is negative", c.ReadyTimeout)
 	}
@@ -155,12 +173,12 @@ func parseURL(raw string) (url.URL, error) {
 	if err != nil {
 		return url.URL{}, errors.Wrapf(err, "url %q", raw)
 	}
-	if u.Scheme != "http" {
-		return url.URL{}, errors.Newf("url %q: scheme must be http (TLS is not supported by the embedded member)", raw)
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return url.URL{}, errors.Newf("url %q: want http://host:port or https://host:port", raw)
 	}
 	host, port, err := net.SplitHostPort(u.Host)
 	if err != nil || host == "" {
-		return url.URL{}, errors.Newf("url %q: want http://host:port", raw)
+		return url.URL{}, errors.Newf("url %q: want %s://host:port", raw, u.Scheme)
 	}
 	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
 		return url.URL{}, errors.Newf("url %q: bad port", raw)
@@ -181,6 +199,7 @@ type Server struct {
 	unlock    func()  // releases the data dir lock
 	clientURL url.URL // actual bound address after the first start
 	peerURL   url.URL
+	pki       PKI // the files of a secured member, after Start
 }
 
 // New validates cfg and returns a stopped Server. Call Start.
@@ -229,6 +248,16 @@ func (s *Server) Start(ctx context.Context) error {
 			unlock()
 		}
 	}()
+	secure := s.clientURL.Scheme == "https"
+	if secure {
+		// The configured hosts, not the bound ones: a wildcard stays a
+		// wildcard, and the certificate does not change with the port.
+		cu, _ := parseURL(s.cfg.ClientURL)
+		pu, _ := parseURL(s.cfg.PeerURL)
+		if s.pki, err = ensurePKI(s.cfg.Dir, serverHosts(cu, pu), time.Now()); err != nil {
+			return err
+		}
+	}
 	ec := embed.NewConfig()
 	ec.Name = s.cfg.Name
 	ec.Dir = s.cfg.Dir
@@ -237,6 +266,11 @@ func (s *Server) Start(ctx context.Context) error {
 	ec.ListenPeerUrls = []url.URL{s.peerURL}
 	ec.AdvertisePeerUrls = []url.URL{s.peerURL}
 	ec.InitialCluster = ec.InitialClusterFromName(s.cfg.Name)
+	if secure {
+		tls := transport.TLSInfo{CertFile: s.pki.ServerCert, KeyFile: s.pki.ServerKey,
+			TrustedCAFile: s.pki.CACert, ClientCertAuth: true}
+		ec.ClientTLSInfo, ec.PeerTLSInfo = tls, tls
+	}
 	if s.cfg.TickMs != 0 {
 		ec.TickMs = s.cfg.TickMs
 		ec.ElectionMs = s.cfg.ElectionMs
@@ -272,12 +306,13 @@ func (s *Server) Start(ctx context.Context) error {
 		e.Close()
 		return errors.Wrapf(ErrNotReady, "%v (data dir %q)", ctx.Err(), s.cfg.Dir)
 	}
-	// Remember the ports actually bound so a restart reuses them.
+	// Remember the ports actually bound so a restart reuses them (on the
+	// configured host: a wildcard bound as [::] stays what it was).
 	if len(e.Clients) > 0 {
-		s.clientURL.Host = e.Clients[0].Addr().String()
+		s.clientURL.Host = withPort(s.clientURL, e.Clients[0].Addr())
 	}
 	if len(e.Peers) > 0 && e.Peers[0].Listener != nil {
-		s.peerURL.Host = e.Peers[0].Addr().String()
+		s.peerURL.Host = withPort(s.peerURL, e.Peers[0].Addr())
 	}
 	s.e, s.unlock, started = e, unlock, true
 	return nil
@@ -324,24 +359,72 @@ func (s *Server) Err() <-chan error {
 func (s *Server) Dir() string { return s.cfg.Dir }
 
 // Endpoints are the client addresses to give clientv3.Config.Endpoints. After
-// the first Start they name the port actually bound.
+// the first Start they name the port actually bound; a wildcard listen host
+// (0.0.0.0, ::) is given as the loopback address, which the server
+// certificate names.
 func (s *Server) Endpoints() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return []string{s.clientURL.String()}
+	return []string{dialable(s.clientURL)}
 }
 
-// NewClient connects a clientv3 client to the server. The caller closes it.
+// PeerEndpoint is the peer URL, as Endpoints gives the client URL.
+func (s *Server) PeerEndpoint() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return dialable(s.peerURL)
+}
+
+// withPort is u's host with the port of bound.
+func withPort(u url.URL, bound net.Addr) string {
+	_, port, err := net.SplitHostPort(bound.String())
+	if err != nil {
+		return bound.String()
+	}
+	return net.JoinHostPort(u.Hostname(), port)
+}
+
+// dialable is u with a wildcard host replaced by loopback.
+func dialable(u url.URL) string {
+	host, port, err := net.SplitHostPort(u.Host)
+	if ip := net.ParseIP(host); err == nil && ip != nil && ip.IsUnspecified() {
+		lo := "127.0.0.1"
+		if ip.To4() == nil {
+			lo = "::1"
+		}
+		u.Host = net.JoinHostPort(lo, port)
+	}
+	return u.String()
+}
+
+// PKI names the files of a secured member's PKI (valid after Start; zero
+// for a plaintext member).
+func (s *Server) PKI() PKI {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pki
+}
+
+// NewClient connects a clientv3 client to the server, with the PKI's
+// client certificate when the member is secured. The caller closes it.
 // A nil logger selects zap.NewNop (the client's own logs are noise here).
 func (s *Server) NewClient(lg *zap.Logger) (*clientv3.Client, error) {
 	if lg == nil {
 		lg = zap.NewNop()
 	}
-	cli, err := clientv3.New(clientv3.Config{
+	cfg := clientv3.Config{
 		Endpoints:   s.Endpoints(),
 		DialTimeout: 5 * time.Second,
 		Logger:      lg,
-	})
+	}
+	if p := s.PKI(); p.Dir != "" {
+		tc, err := tlsfiles.Files{Cert: p.ClientCert, Key: p.ClientKey, CA: p.CACert}.ClientConfig()
+		if err != nil {
+			return nil, errors.Wrap(err, "embedetcd: client certificate")
+		}
+		cfg.TLS = tc
+	}
+	cli, err := clientv3.New(cfg)
 	if err != nil {
 		return nil, errors.Wrap(err, "embedetcd: new client")
 	}

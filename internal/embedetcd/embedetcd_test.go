@@ -1,6 +1,7 @@
 package embedetcd_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -57,11 +58,12 @@ func TestStartPutRestartGet(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	cases := map[string]embedetcd.Config{
-		"Dir":        {},
-		"ClientURL":  {Dir: "x", ClientURL: "127.0.0.1:2379"},
-		"PeerURL":    {Dir: "x", PeerURL: "https://127.0.0.1:2380"},
-		"ElectionMs": {Dir: "x", TickMs: 100, ElectionMs: 200},
-		"TickMs":     {Dir: "x", TickMs: 100},
+		"Dir":                     {},
+		"ClientURL":               {Dir: "x", ClientURL: "127.0.0.1:2379"},
+		"PeerURL":                 {Dir: "x", PeerURL: "https://127.0.0.1:2380"},
+		"both http or both https": {Dir: "x", ClientURL: "https://127.0.0.1:0"},
+		"ElectionMs":              {Dir: "x", TickMs: 100, ElectionMs: 200},
+		"TickMs":                  {Dir: "x", TickMs: 100},
 	}
 	for want, cfg := range cases {
 		err := cfg.Validate()
@@ -141,5 +143,64 @@ func TestQuotaAndAutoCompaction(t *testing.T) {
 	}
 	if got, err := cli.Get(ctx, "/k"); err != nil || len(got.Kvs) != 1 {
 		t.Fatalf("current value after compaction: %v, %v", got, err)
+	}
+}
+
+// With https URLs the member requires a client certificate of the PKI it
+// made in Dir/pki; NewClient presents it; a restart reuses the PKI (and
+// the client reconnects).
+func TestSecuredMember(t *testing.T) {
+	s := embedetcdtest.StartConfig(t, embedetcd.Config{ClientURL: "https://127.0.0.1:0", PeerURL: "https://127.0.0.1:0"})
+	eps := s.Endpoints()
+	if len(eps) != 1 || !strings.HasPrefix(eps[0], "https://127.0.0.1:") || strings.HasSuffix(eps[0], ":0") {
+		t.Fatalf("endpoints %v: want one bound https loopback address", eps)
+	}
+	p := s.PKI()
+	if p.Dir != filepath.Join(s.Dir(), embedetcd.PKIDirName) || len(p.Changes) != 3 {
+		t.Fatalf("PKI %+v: want a new one in %s", p, s.Dir())
+	}
+	cli := embedetcdtest.Client(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := cli.Put(ctx, "/k", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	embedetcdtest.RequireClosed(t, eps[0], s.PeerEndpoint(), p)
+
+	ca, err := os.ReadFile(p.CACert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Stop()
+	if err := s.Start(ctx); err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	if got := s.PKI(); len(got.Changes) != 0 {
+		t.Fatalf("restart changed the PKI: %q", got.Changes)
+	}
+	if again, _ := os.ReadFile(p.CACert); !bytes.Equal(again, ca) {
+		t.Fatal("restart replaced the CA")
+	}
+	if r, err := cli.Get(ctx, "/k"); err != nil || len(r.Kvs) != 1 {
+		t.Fatalf("get after restart: %v, %v", r, err)
+	}
+}
+
+// A bad PKI file fails Start naming it (the PKI's own cases are in
+// pki_test.go).
+func TestSecuredMemberBadPKIFailsStart(t *testing.T) {
+	dir := t.TempDir()
+	cfg := embedetcd.Config{Dir: dir, ClientURL: "https://127.0.0.1:0", PeerURL: "https://127.0.0.1:0", Logger: zap.NewNop()}
+	s := embedetcdtest.StartConfig(t, cfg)
+	key := s.PKI().ServerKey
+	s.Stop()
+	if err := os.WriteFile(key, []byte("junk\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.Start(ctx); err == nil || !strings.Contains(err.Error(), key) {
+		s.Stop()
+		t.Fatalf("Start with a corrupt %s: %v, want an error naming it", key, err)
 	}
 }

@@ -7,16 +7,13 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-
 	"github.com/idrange/idrange/internal/testenv"
+	"github.com/idrange/idrange/tlsfiles"
 )
 
 // Issue 14's soak: `rangesvc serve` on its embedded etcd under >= 2,000
@@ -39,16 +36,13 @@ func TestSoakSpacePlateaus(t *testing.T) {
 	const every = 5 * time.Second
 	p := testenv.StartServe(t, testenv.ServeConfig{Region: 1, Args: []string{
 		"--compaction-interval", "30s", "--compaction-retention", "30s", "--log-level", "info"}})
-	m := regexp.MustCompile(`msg="embedded etcd ready" endpoints=(\S+)`).FindStringSubmatch(p.Stderr())
-	if m == nil {
-		t.Fatalf("no embedded etcd endpoint in the log:\n%s", p.Stderr())
-	}
-	etcdURL := m[1]
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdURL}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	etcd := p.EmbeddedEtcd(t)
+	etcdURL := etcd.Endpoint
+	tc, err := tlsfiles.Files{CA: etcd.PKI.CACert, Cert: etcd.PKI.ClientCert, Key: etcd.PKI.ClientKey}.ClientConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cli.Close()
+	etcdHTTP := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tc}}
 
 	g := startGrantLoad(t, p.GRPCAddr, 1, 64, 3000)
 	type point struct {
@@ -60,7 +54,7 @@ func TestSoakSpacePlateaus(t *testing.T) {
 	start := time.Now()
 	for time.Since(start) < dur {
 		time.Sleep(every) // sampling period
-		em := scrapeMetrics(t, etcdURL+"/metrics")
+		em := scrapeMetrics(t, etcdHTTP, etcdURL+"/metrics")
 		pt := point{at: time.Since(start), grants: g.grants.Load(),
 			history: em["etcd_debugging_mvcc_current_revision"] - em["etcd_debugging_mvcc_compact_revision"],
 			inUse:   em["etcd_mvcc_db_total_size_in_use_in_bytes"], rss: rssBytes(t, p.Cmd.Process.Pid)}
@@ -109,10 +103,11 @@ func TestSoakSpacePlateaus(t *testing.T) {
 	}
 }
 
-// scrapeMetrics reads the unlabelled samples of a Prometheus text page.
-func scrapeMetrics(t testing.TB, url string) map[string]float64 {
+// scrapeMetrics reads the unlabelled samples of a Prometheus text page
+// with c.
+func scrapeMetrics(t testing.TB, c *http.Client, url string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get(url)
+	resp, err := c.Get(url)
 	if err != nil {
 		t.Fatalf("scrape %s: %v", url, err)
 	}

@@ -17,7 +17,12 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/idrange/idrange/internal/embedetcd"
 	"github.com/idrange/idrange/snowflake"
+	"github.com/idrange/idrange/tlsfiles"
 )
 
 // ServeConfig describes a `rangesvc serve` subprocess. Zero values: region
@@ -100,7 +105,7 @@ func StartServe(t testing.TB, cfg ServeConfig) *Process {
 			cfg.DataDir = t.TempDir()
 		}
 		args = append(args, "--data-dir", cfg.DataDir,
-			"--etcd-client-url", "http://127.0.0.1:0", "--etcd-peer-url", "http://127.0.0.1:0")
+			"--etcd-client-url", "https://127.0.0.1:0", "--etcd-peer-url", "https://127.0.0.1:0")
 	}
 	args = append(args, "--drain-delay", "0s")
 	args = append(args, cfg.Args...)
@@ -153,6 +158,49 @@ func StartServe(t testing.TB, cfg ServeConfig) *Process {
 		t.Fatalf("testenv: rangesvc serve did not listen within %v\nstderr:\n%s", cfg.StartTimeout, p.Stderr())
 	}
 	return p
+}
+
+// EmbeddedEtcd is how another process reaches the embedded etcd of a
+// `rangesvc serve` started without Etcd: its URLs (from the "embedded etcd
+// ready" log line) and the client certificate serve keeps in DataDir/pki.
+type EmbeddedEtcd struct {
+	Endpoint, Peer string // https://host:port
+	PKI            embedetcd.PKI
+}
+
+var etcdReadyRE = regexp.MustCompile(`msg="embedded etcd ready" endpoints=(\S+) peer=(\S+)`)
+
+// EmbeddedEtcd is p's embedded etcd; it fails t if p did not start one.
+func (p *Process) EmbeddedEtcd(t testing.TB) EmbeddedEtcd {
+	t.Helper()
+	m := etcdReadyRE.FindStringSubmatch(p.Stderr())
+	if m == nil || p.DataDir == "" {
+		t.Fatalf("testenv: no embedded etcd in the log:\n%s", p.Stderr())
+	}
+	return EmbeddedEtcd{Endpoint: m[1], Peer: m[2], PKI: embedetcd.PKIFiles(p.DataDir)}
+}
+
+// Flags are the --etcd-cacert, --etcd-cert and --etcd-key flags of another
+// replica pointed at e (ServeConfig.Args, with ServeConfig.Etcd =
+// []string{e.Endpoint}).
+func (e EmbeddedEtcd) Flags() []string {
+	return []string{"--etcd-cacert", e.PKI.CACert, "--etcd-cert", e.PKI.ClientCert, "--etcd-key", e.PKI.ClientKey}
+}
+
+// Client is a clientv3 client of e with the client certificate, closed at
+// the end of the test.
+func (e EmbeddedEtcd) Client(t testing.TB) *clientv3.Client {
+	t.Helper()
+	tc, err := tlsfiles.Files{CA: e.PKI.CACert, Cert: e.PKI.ClientCert, Key: e.PKI.ClientKey}.ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second, TLS: tc, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	return cli
 }
 
 // Stderr is everything the process wrote to stderr so far.
