@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -93,14 +94,24 @@ func TestConnLimitFlags(t *testing.T) {
 // fails t if c is still open then.
 func closedAfter(t *testing.T, c net.Conn, start time.Time, within time.Duration) time.Duration {
 	t.Helper()
+	took, err := waitClosed(c, start, within)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return took
+}
+
+// waitClosed is closedAfter for any goroutine: an error when c is still
+// open within after start.
+func waitClosed(c net.Conn, start time.Time, within time.Duration) (time.Duration, error) {
 	c.SetReadDeadline(start.Add(within))
 	_, err := io.Copy(io.Discard, c)
 	took := time.Since(start)
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
-		t.Fatalf("connection still open %v after it was opened, want it closed by the server", took)
+		return took, fmt.Errorf("connection to %s still open %v after it was opened, want it closed by the server", c.RemoteAddr(), took)
 	}
-	return took
+	return took, nil
 }
 
 // partialClientHello is the start of a TLS ClientHello: a record header
