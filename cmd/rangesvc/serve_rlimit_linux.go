@@ -8,9 +8,10 @@ import (
 
 // raiseOpenFileLimit raises the soft open-file limit (RLIMIT_NOFILE) to
 // the hard limit and returns it before and after. The Go runtime already
-// does this at start (since Go 1.19), so before usually equals after;
-// serve does it itself to log the limit its connection caps are sized
-// against, and in case the runtime could not.
+// raises it at start, to one below the hard limit (package syscall's
+// init), so before usually reads hard-1 and the limit the process was
+// started with is not visible here; serve raises it itself to know and
+// log the limit its connection caps are sized against.
 func raiseOpenFileLimit() (before, after uint64, err error) {
 	var rl syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
