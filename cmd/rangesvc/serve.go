@@ -52,6 +52,12 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	log.Info("starting", attrs...)
 	clk, stopFaults := cfg.Faults.serviceClock(log)
 	defer stopFaults()
+	// Before etcd starts: the embedded one sizes its own listener from
+	// the limit.
+	limits, err := cfg.connLimits(openFileLimit(log), log)
+	if err != nil {
+		return err
+	}
 
 	etcd, err := openEtcd(ctx, cfg, log)
 	if err != nil {
@@ -62,6 +68,9 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildinfo.NewCollector(bi))
+	if err := limits.register(reg); err != nil {
+		return err
+	}
 	registry, err := cfg.RegionID.openRegistry(cfg.EtcdTimeout)
 	if err != nil {
 		return err
@@ -71,19 +80,20 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	}
 	rc := cfg.replicaConfig(etcd.cli, clk, reg, log)
 	cfg.RegionID.applyReplica(&rc, etcd.emb != nil, registry)
+	rc.Limits = limits.grpcLimits()
 	rep, err := region.NewReplica(rc)
 	if err != nil {
 		return err
 	}
-	gl, ml, err := listen(cfg)
+	gl, ml, err := listen(cfg, limits)
 	if err != nil {
 		return err
 	}
 	ml = cfg.Security.metricsListener(ml)
 	cfg.Security.logMode(log)
-	hs := metricsServer(reg, rep.Service(), log)
+	hs := metricsServer(reg, rep.Service(), limits, log)
 	errc := make(chan error, 3)
-	api, err := startHTTPAPI(cfg.HTTP, cfg.Security.httpListener, rep.GRPCServer(), errc, log)
+	api, err := startHTTPAPI(cfg.HTTP, limits, cfg.Security.httpListener, rep.GRPCServer(), errc, log)
 	if err != nil {
 		gl.Close()
 		ml.Close()
@@ -182,16 +192,18 @@ func waitForEnd(ctx context.Context, serverErr <-chan error, etcdErr <-chan erro
 	}
 }
 
-// listen opens the gRPC and the metrics listeners.
-func listen(cfg serveConfig) (grpcLis, metricsLis net.Listener, err error) {
-	gl, err := net.Listen("tcp", cfg.Listen)
+// listen opens the gRPC and the metrics listeners, each holding at most
+// lim's connections (TLS, if any, goes on top: a connection waiting for its
+// handshake holds a slot).
+func listen(cfg serveConfig, lim connLimits) (grpcLis, metricsLis net.Listener, err error) {
+	gl, err := lim.listen("--listen", cfg.Listen, "grpc")
 	if err != nil {
-		return nil, nil, errors.Wrapf(err, "--listen %s", cfg.Listen)
+		return nil, nil, err
 	}
-	ml, err := net.Listen("tcp", cfg.Metrics)
+	ml, err := lim.listen("--metrics", cfg.Metrics, "metrics")
 	if err != nil {
 		gl.Close()
-		return nil, nil, errors.Wrapf(err, "--metrics %s", cfg.Metrics)
+		return nil, nil, err
 	}
 	return gl, ml, nil
 }
@@ -205,8 +217,8 @@ func listen(cfg serveConfig) (grpcLis, metricsLis net.Listener, err error) {
 //     gRPC health); otherwise 503 "NOT_SERVING: <reason>".
 //   - /healthz: /readyz under its old name.
 //
-// The HTTP server's own errors go to log.
-func metricsServer(reg *prometheus.Registry, svc *service.Service, log *slog.Logger) *http.Server {
+// The server has lim's timeouts; its own errors go to log.
+func metricsServer(reg *prometheus.Registry, svc *service.Service, lim connLimits, log *slog.Logger) *http.Server {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) {
@@ -221,8 +233,7 @@ func metricsServer(reg *prometheus.Registry, svc *service.Service, log *slog.Log
 	}
 	mux.HandleFunc("/readyz", ready)
 	mux.HandleFunc("/healthz", ready)
-	return &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
-		ErrorLog: slog.NewLogLogger(log.With("component", "metrics-http").Handler(), slog.LevelWarn)}
+	return lim.httpServer(mux, log.With("component", "metrics-http"))
 }
 
 // serveEtcd is serve's etcd: the embedded member in the data dir (emb set)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -113,6 +114,27 @@ type serveConfig struct {
 	// external cluster runs with (exported when members do not report it).
 	EtcdQuotaBytes int64
 
+	// Connection limits (serve_limits.go; docs/operations.md, "Connection
+	// limits and timeouts").
+	//
+	// MaxConnections (--max-connections, default 10000) caps the
+	// connections each listener (--listen, --http, --metrics) holds open
+	// at once; at the cap new ones wait in the kernel's listen backlog.
+	// serve lowers it so the caps fit the open-file limit minus a reserve
+	// for etcd.
+	MaxConnections int
+	// maxConnsSet records that --max-connections was given (flag or
+	// file): lowering it is then worth a warning.
+	maxConnsSet bool
+	// HandshakeTimeout (--handshake-timeout, default 5s) closes a
+	// connection that has not finished its TLS handshake and HTTP/2
+	// preface (gRPC) or sent its request headers (HTTP) by then, and ends
+	// a gRPC call whose request message does not follow its headers.
+	HandshakeTimeout time.Duration
+	// IdleTimeout (--idle-timeout, default 2m) closes a connection with no
+	// call or request in flight for this long.
+	IdleTimeout time.Duration
+
 	// Faults are the test-only fault flags; empty, and no flags, unless
 	// built with -tags idrange_faults (faults_on.go).
 	Faults faultConfig
@@ -160,6 +182,9 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.DurationVar(&c.CompactionInterval, "compaction-interval", etcdspace.DefaultCompactionInterval, "how often one replica compacts etcd history (0: off)")
 	fs.DurationVar(&c.CompactionRetention, "compaction-retention", etcdspace.DefaultCompactionRetention, "etcd history a compaction keeps")
 	fs.Int64Var(&c.EtcdQuotaBytes, "etcd-quota-bytes", etcdspace.DefaultQuotaBytes, "etcd backend quota in bytes (embedded: set; --etcd: what the cluster runs with)")
+	fs.IntVar(&c.MaxConnections, "max-connections", defaultMaxConnections, "connections each listener (gRPC, HTTP, metrics) holds open at once; more wait in the listen backlog (lowered to fit the open-file limit)")
+	fs.DurationVar(&c.HandshakeTimeout, "handshake-timeout", service.DefaultHandshakeTimeout, "close a connection without a finished TLS/HTTP2 handshake or request headers after this; also bounds a gRPC call's wait for its request")
+	fs.DurationVar(&c.IdleTimeout, "idle-timeout", service.DefaultIdleTimeout, "close a connection idle (no call or request in flight) this long")
 	c.Faults.register(fs)
 	c.Security.register(fs)
 	c.RegionID.register(fs)
@@ -174,6 +199,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 		return c, cli.Usagef("unexpected arguments %q", fs.Args())
 	}
 	c.ConfigFile = fs.Lookup(cli.ConfigFlag).Value.String()
+	fs.Visit(func(f *flag.Flag) { c.maxConnsSet = c.maxConnsSet || f.Name == "max-connections" })
 	if !c.dataDirSet {
 		c.DataDir = defaultDataDir
 	}
@@ -235,6 +261,9 @@ func (c serveConfig) Validate() error {
 		return fmt.Errorf("--log-format %q: want %s or %s", c.LogFormat, logText, logJSON)
 	}
 	if err := c.validateSpace(); err != nil {
+		return err
+	}
+	if err := c.validateConnLimits(); err != nil {
 		return err
 	}
 	if err := c.RegionID.validate(); err != nil {

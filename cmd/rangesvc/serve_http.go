@@ -39,11 +39,11 @@ type httpAPI struct {
 }
 
 // startHTTPAPI listens on addr (empty: disabled, returns nil) and serves
-// until stop. secure wraps the listener with the gRPC port's TLS (mutual
-// TLS included), so HTTP callers pass the same identity checks as gRPC
-// ones: the transcoded call carries the request's verified certificate.
-// Failures after the start go to errc.
-func startHTTPAPI(addr string, secure func(net.Listener) net.Listener, gs *grpc.Server, errc chan<- error, log *slog.Logger) (*httpAPI, error) {
+// until stop, with lim's connection cap and timeouts. secure wraps the
+// listener with the gRPC port's TLS (mutual TLS included), so HTTP callers
+// pass the same identity checks as gRPC ones: the transcoded call carries
+// the request's verified certificate. Failures after the start go to errc.
+func startHTTPAPI(addr string, lim connLimits, secure func(net.Listener) net.Listener, gs *grpc.Server, errc chan<- error, log *slog.Logger) (*httpAPI, error) {
 	if addr == "" {
 		return nil, nil
 	}
@@ -51,12 +51,12 @@ func startHTTPAPI(addr string, secure func(net.Listener) net.Listener, gs *grpc.
 	if err != nil {
 		return nil, err
 	}
-	lis, err := net.Listen("tcp", addr)
+	lis, err := lim.listen("--http", addr, "http")
 	if err != nil {
-		return nil, errors.Wrapf(err, "--http %s", addr)
+		return nil, err
 	}
 	lis = secure(lis)
-	a := &httpAPI{lis: lis, srv: &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}}
+	a := &httpAPI{lis: lis, srv: lim.httpServer(h, log.With("component", "http-api"))}
 	go func() {
 		if err := a.srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
 			errc <- errors.Wrap(err, "http api server")

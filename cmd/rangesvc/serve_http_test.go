@@ -144,7 +144,7 @@ func TestHTTPFlag(t *testing.T) {
 	if err != nil || c.HTTP != "" {
 		t.Fatalf("--http '': %q, %v; want disabled", c.HTTP, err)
 	}
-	if a, err := startHTTPAPI(c.HTTP, nil, nil, nil, nil); a != nil || err != nil {
+	if a, err := startHTTPAPI(c.HTTP, connLimits{}, nil, nil, nil, nil); a != nil || err != nil {
 		t.Fatalf("startHTTPAPI with --http '': %v, %v; want nothing started", a, err)
 	}
 	c, err = parseServeFlags([]string{"--region", "0"}, io.Discard)

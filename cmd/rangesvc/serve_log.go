@@ -13,6 +13,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc/grpclog"
+
+	"github.com/idrange/idrange/internal/cli"
 )
 
 // Log formats of --log-format.
@@ -50,11 +52,41 @@ func oneLineErrors(_ []string, a slog.Attr) slog.Attr {
 // etcdLogger is the embedded etcd's logger: its entries at error level and
 // above go through serve's slog handler (so they come out in serve's format,
 // with component=etcd), and quiet() drops everything from just before an
-// orderly stop, which etcd logs as errors.
+// orderly stop, which etcd logs as errors. etcd's Fatal entries end the
+// process through fatalExit, which says why first.
 func etcdLogger(log *slog.Logger) (lg *zap.Logger, quiet func()) {
+	return etcdLoggerExiting(log, os.Exit)
+}
+
+// etcdLoggerExiting is etcdLogger with the exit function (tests pass one
+// that does not exit).
+func etcdLoggerExiting(log *slog.Logger, exit func(int)) (lg *zap.Logger, quiet func()) {
 	var stopping atomic.Bool
 	core := slogCore{h: log.With("component", "etcd").Handler(), level: zapcore.ErrorLevel}
-	return zap.New(quietCore{Core: core, stopping: &stopping}), func() { stopping.Store(true) }
+	return zap.New(quietCore{Core: core, stopping: &stopping}, zap.WithFatalHook(fatalExit{log: log, exit: exit})),
+		func() { stopping.Store(true) }
+}
+
+// fatalExit is the embedded etcd's fatal hook. etcd calls Fatal, which
+// exits, where it cannot go on: a file it cannot open or write (for
+// example "too many open files" in its WAL purge loop) or a raft state it
+// cannot save. Without the hook the process exited 1 with only etcd's own
+// error line; with it, serve logs "serve failed" with etcd's message, as
+// every other exit of serve does, then exits 1.
+type fatalExit struct {
+	log  *slog.Logger
+	exit func(int)
+}
+
+func (h fatalExit) OnWrite(ce *zapcore.CheckedEntry, fs []zapcore.Field) {
+	cause := "embedded etcd: " + ce.Message
+	for _, a := range zapAttrs(fs) {
+		if a.Key == "error" {
+			cause += ": " + a.Value.String()
+		}
+	}
+	h.log.Error("serve failed", "err", cause)
+	h.exit(cli.ExitFailure)
 }
 
 // quietCore drops every entry once stopping is set.

@@ -72,6 +72,29 @@ func TestEtcdLogsThroughSlog(t *testing.T) {
 	}
 }
 
+// etcd's Fatal (a WAL purge that hit "too many open files" in issue 24)
+// exits 1 only after serve logs "serve failed" with etcd's message and
+// error, also once the logs are quiet for an orderly stop.
+func TestEtcdFatalLogsServeFailed(t *testing.T) {
+	for _, quieted := range []bool{false, true} {
+		var buf bytes.Buffer
+		var code []int
+		lg, quiet := etcdLoggerExiting(newLogger(&buf, logText, slog.LevelInfo), func(c int) { code = append(code, c) })
+		if quieted {
+			quiet()
+		}
+		lg.Fatal("failed to purge snap file", zap.Error(errors.New("open data/member/snap: too many open files")))
+		out := buf.String()
+		want := `msg="serve failed" err="embedded etcd: failed to purge snap file: open data/member/snap: too many open files"`
+		if !strings.Contains(out, want) {
+			t.Errorf("quiet %v: log\n%s\nlacks %s", quieted, out, want)
+		}
+		if len(code) != 1 || code[0] != cli.ExitFailure {
+			t.Errorf("quiet %v: exit called with %v, want once with %d", quieted, code, cli.ExitFailure)
+		}
+	}
+}
+
 // Acceptance: serve --log-format json through a start on the
 // embedded etcd, mints and a SIGTERM stop: every stderr line is a JSON
 // object with time, level and msg. During the drain the replica reports

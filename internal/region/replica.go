@@ -63,6 +63,10 @@ type ReplicaConfig struct {
 	Observer segment.Observer
 	// Registry receives the service metrics. Default: a fresh registry.
 	Registry *prometheus.Registry
+	// Limits bound what one peer holds on the gRPC server: handshake
+	// timeout, idle connections, streams per connection
+	// (service.ServerOptions). Zero fields: service's defaults.
+	Limits service.ConnLimits
 	// Interceptors run around every unary RPC, after the production server
 	// options (service.ServerOptions) and the authentication.
 	Interceptors []grpc.UnaryServerInterceptor
@@ -212,14 +216,16 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := service.ServerOptions()
+	opts := service.ServerOptions(cfg.Limits)
 	unary := cfg.Interceptors
 	if cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
 	}
 	if mtls {
 		// Authentication runs first: nothing (not even the timing
-		// interceptors) sees an unauthenticated call.
+		// interceptors) sees an unauthenticated call, except the
+		// first-message timer of service.ServerOptions, which only
+		// stops its timer.
 		pol := authz.Policy{Allowed: cfg.AllowedIdentities, Admin: cfg.AdminIdentities}
 		unary = append([]grpc.UnaryServerInterceptor{pol.UnaryInterceptor()}, unary...)
 		opts = append(opts, grpc.ChainStreamInterceptor(pol.StreamInterceptor()))

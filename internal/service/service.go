@@ -649,12 +649,18 @@ func (s *Service) GetReplicaInfo(ctx context.Context, _ *idrangev1.GetReplicaInf
 
 // ServerOptions are the gRPC server options a replica should run with:
 // clients may send keepalive pings every 5 s (also between calls: a client
-// idles while its buffered blocks last), and the server pings idle
-// connections after 30 s and drops those that do not answer in 10 s, so a
-// vanished client's connection does not linger.
-func ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{
+// idles while its buffered blocks last; gRPC-Go clients ping every 10 s at
+// most), and the server pings idle connections after 30 s and drops those
+// that do not answer in 10 s, so a vanished client's connection does not
+// linger. l bounds what one peer holds (ConnLimits): the handshake, the
+// wait for a call's request, idle connections and streams per connection.
+func ServerOptions(l ConnLimits) []grpc.ServerOption {
+	l = l.withDefaults()
+	return append([]grpc.ServerOption{
+		grpc.ConnectionTimeout(l.HandshakeTimeout),
+		grpc.MaxConcurrentStreams(l.MaxStreams),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
-	}
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second,
+			MaxConnectionIdle: l.IdleTimeout}),
+	}, firstMessageOptions(l.HandshakeTimeout)...)
 }

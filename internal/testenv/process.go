@@ -49,6 +49,10 @@ type ServeConfig struct {
 	Args []string
 	// StartTimeout bounds the wait for the "listening" log line. Default 60s.
 	StartTimeout time.Duration
+	// OpenFiles, if set, runs the process with its open-file limit (soft
+	// and hard RLIMIT_NOFILE) at this value, through `sh -c 'ulimit -n N
+	// && exec rangesvc ...'` (the process keeps the shell's pid).
+	OpenFiles int
 }
 
 // Process is a running `rangesvc serve`.
@@ -111,6 +115,10 @@ func StartServe(t testing.TB, cfg ServeConfig) *Process {
 	args = append(args, cfg.Args...)
 	p := &Process{t: t, DataDir: cfg.DataDir, done: make(chan struct{})}
 	p.Cmd = exec.Command(bin, args...)
+	if cfg.OpenFiles > 0 {
+		p.Cmd = exec.Command("sh", append([]string{"-c", `ulimit -n "$1" && shift && exec "$@"`, "sh",
+			strconv.Itoa(cfg.OpenFiles), bin}, args...)...)
+	}
 	p.Cmd.Env = os.Environ()
 	pipe, err := p.Cmd.StderrPipe()
 	if err != nil {

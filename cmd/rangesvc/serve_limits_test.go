@@ -1,0 +1,196 @@
+package main
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idrange/idrange/internal/cli"
+	"github.com/idrange/idrange/internal/service"
+	"github.com/idrange/idrange/tlsfiles"
+)
+
+// The per-listener cap: --max-connections, lowered so that the caps of
+// all listeners stay within the open-file limit minus fdReserve; an
+// unknown limit (0) leaves the flag as it is, and a limit that leaves
+// fewer than minConnsPerListener per listener is refused.
+func TestConnCap(t *testing.T) {
+	cases := []struct {
+		files           uint64
+		want, listeners int
+		cap             int
+		err             string
+	}{
+		{files: 0, want: 10000, listeners: 3, cap: 10000},
+		{files: 1 << 20, want: 10000, listeners: 3, cap: 10000},
+		{files: 20000, want: 10000, listeners: 3, cap: (20000 - fdReserve) / 3},
+		{files: 256, want: 10000, listeners: 3, cap: 35},
+		{files: 256, want: 10000, listeners: 2, cap: 53},
+		{files: 256, want: 20, listeners: 3, cap: 20},
+		{files: 1024, want: 1, listeners: 3, cap: 1},
+		{files: fdReserve + 3*minConnsPerListener, want: 10000, listeners: 3, cap: minConnsPerListener},
+		{files: fdReserve + 3*minConnsPerListener - 1, want: 10000, listeners: 3, err: "open-file limit 197 leaves 15 connections per listener"},
+		{files: 150, want: 10000, listeners: 3, err: "open-file limit 150 leaves 0 connections"},
+		{files: 20, want: 10000, listeners: 2, err: "raise the hard limit"},
+		{files: ^uint64(0), want: maxMaxConnections, listeners: 2, cap: maxMaxConnections},
+	}
+	for _, tc := range cases {
+		got, err := connCap(tc.files, tc.want, tc.listeners)
+		switch {
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("connCap(%d, %d, %d) = %d, %v; want an error containing %q", tc.files, tc.want, tc.listeners, got, err, tc.err)
+		case tc.err == "" && (err != nil || got != tc.cap):
+			t.Errorf("connCap(%d, %d, %d) = %d, %v; want %d", tc.files, tc.want, tc.listeners, got, err, tc.cap)
+		}
+		if err == nil && tc.files > fdReserve && uint64(got*tc.listeners) > tc.files-fdReserve {
+			t.Errorf("connCap(%d, %d, %d) = %d: %d listeners hold more than the limit minus the reserve", tc.files, tc.want, tc.listeners, got, tc.listeners)
+		}
+	}
+}
+
+// The connection-limit flags: defaults, and impossible values exit 2
+// naming the flag.
+func TestConnLimitFlags(t *testing.T) {
+	c, err := parseServeFlags([]string{"--region", "1"}, &strings.Builder{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MaxConnections != defaultMaxConnections || c.maxConnsSet || c.HandshakeTimeout != service.DefaultHandshakeTimeout ||
+		c.IdleTimeout != service.DefaultIdleTimeout {
+		t.Fatalf("defaults: --max-connections %d (set %v), --handshake-timeout %v, --idle-timeout %v",
+			c.MaxConnections, c.maxConnsSet, c.HandshakeTimeout, c.IdleTimeout)
+	}
+	c, err = parseServeFlags([]string{"--region", "1", "--max-connections", "500", "--handshake-timeout", "2s", "--idle-timeout", "30s"}, &strings.Builder{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MaxConnections != 500 || !c.maxConnsSet || c.HandshakeTimeout != 2*time.Second || c.IdleTimeout != 30*time.Second {
+		t.Fatalf("set: %+v", c)
+	}
+	for _, tc := range []struct{ args, msg string }{
+		{"--max-connections 0", "--max-connections 0 not in 1..1048576"},
+		{"--max-connections -5", "--max-connections -5 not in"},
+		{"--max-connections 2000000", "--max-connections 2000000 not in"},
+		{"--handshake-timeout 0s", "--handshake-timeout 0s must be positive"},
+		{"--handshake-timeout -1s", "--handshake-timeout -1s must be positive"},
+		{"--idle-timeout 0s", "--idle-timeout 0s must be positive"},
+	} {
+		code, out, errs := runCmd(append([]string{"serve", "--region", "0"}, strings.Fields(tc.args)...)...)
+		if code != cli.ExitUsage || out != "" || !strings.Contains(errs, tc.msg) {
+			t.Errorf("serve %s: exit %d, stdout %q, stderr %q; want exit %d naming %q", tc.args, code, out, errs, cli.ExitUsage, tc.msg)
+		}
+	}
+}
+
+// closedAfter waits until the server closes c (reads return EOF or a
+// reset), at most within, and returns how long after start that was; it
+// fails t if c is still open then.
+func closedAfter(t *testing.T, c net.Conn, start time.Time, within time.Duration) time.Duration {
+	t.Helper()
+	took, err := waitClosed(c, start, within)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return took
+}
+
+// waitClosed is closedAfter for any goroutine: an error when c is still
+// open within after start.
+func waitClosed(c net.Conn, start time.Time, within time.Duration) (time.Duration, error) {
+	c.SetReadDeadline(start.Add(within))
+	_, err := io.Copy(io.Discard, c)
+	took := time.Since(start)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return took, fmt.Errorf("connection to %s still open %v after it was opened, want it closed by the server", c.RemoteAddr(), took)
+	}
+	return took, nil
+}
+
+// partialClientHello is the start of a TLS ClientHello: a record header
+// announcing 512 bytes, and the first four of them.
+const partialClientHello = "\x16\x03\x01\x02\x00\x01\x00\x01\xfc"
+
+// The HTTP servers (metrics and --http) close a peer that sends nothing,
+// half a TLS ClientHello or half its request headers within the handshake
+// timeout (over TLS, net/http bounds the handshake by ReadHeaderTimeout),
+// and a keep-alive connection after the idle timeout.
+func TestHTTPServerTimeouts(t *testing.T) {
+	const handshake, idle = 400 * time.Millisecond, 1200 * time.Millisecond
+	lim := connLimits{maxConns: 16, handshake: handshake, idle: idle}
+	p := newTestPKI(t)
+	tc, err := tlsfiles.Files{Cert: p.server.Cert, Key: p.server.Key}.ServerConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveHTTP := func(secure bool) string {
+		lis, err := lim.listen("--metrics", "127.0.0.1:0", "metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if secure {
+			lis = tls.NewListener(lis, tc)
+		}
+		srv := lim.httpServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") }),
+			slog.New(slog.DiscardHandler))
+		go srv.Serve(lis)
+		t.Cleanup(func() { srv.Close() })
+		return lis.Addr().String()
+	}
+	plain, secure := serveHTTP(false), serveHTTP(true)
+	const slack = 3 * time.Second
+	for _, tc := range []struct {
+		name, addr, send string
+		after            time.Duration
+	}{
+		{"plaintext idle", plain, "", handshake},
+		{"plaintext half headers", plain, "GET /livez HTTP/1.1\r\nHost: x\r\n", handshake},
+		{"plaintext keep-alive", plain, "GET /livez HTTP/1.1\r\nHost: x\r\n\r\n", idle},
+		{"TLS idle", secure, "", handshake},
+		{"TLS half ClientHello", secure, partialClientHello, handshake},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", tc.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			start := time.Now()
+			if _, err := io.WriteString(c, tc.send); err != nil {
+				t.Fatal(err)
+			}
+			took := closedAfter(t, c, start, tc.after+slack)
+			if took < tc.after/2 {
+				t.Fatalf("closed after %v, before the %v timeout", took, tc.after)
+			}
+			t.Logf("closed after %v (timeout %v)", took, tc.after)
+		})
+	}
+	t.Run("TLS keep-alive", func(t *testing.T) {
+		cc, err := tlsfiles.Files{CA: p.ca}.ClientConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := tls.Dial("tcp", secure, cc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := io.WriteString(c, "GET /livez HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		took := closedAfter(t, c, start, idle+slack)
+		if took < idle/2 {
+			t.Fatalf("closed after %v, before the %v idle timeout", took, idle)
+		}
+		t.Logf("closed after %v (timeout %v)", took, idle)
+	})
+}
