@@ -242,6 +242,7 @@ type serveEtcd struct {
 	cli   *clientv3.Client
 	emb   *embedetcd.Server
 	quiet func() // silences the embedded etcd's logs before its orderly stop
+	log   *slog.Logger
 }
 
 // openEtcd starts the embedded etcd or connects to the external one, and
@@ -249,7 +250,7 @@ type serveEtcd struct {
 // (https, client certificates of <data-dir>/pki required): its URLs are
 // https (serveConfig.Validate).
 func openEtcd(ctx context.Context, cfg serveConfig, log *slog.Logger) (_ *serveEtcd, err error) {
-	e := &serveEtcd{}
+	e := &serveEtcd{log: log}
 	defer func() {
 		if err != nil {
 			e.Close()
@@ -308,5 +309,9 @@ func (e *serveEtcd) Close() {
 	if e.emb != nil {
 		e.quiet() // etcd logs its own orderly close as errors
 		e.emb.Stop()
+		if e.emb.Lingering() {
+			e.log.Warn("embedded etcd stopped, but its servers did not close within the grace (connections that never finished a handshake); exiting anyway",
+				"grace", embedetcd.StopGrace)
+		}
 	}
 }

@@ -31,6 +31,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -196,8 +197,9 @@ type Server struct {
 
 	mu        sync.Mutex
 	e         *embed.Etcd
-	unlock    func()  // releases the data dir lock
-	clientURL url.URL // actual bound address after the first start
+	unlock    func()      // releases the data dir lock
+	lingering atomic.Bool // the last Stop left etcd's close running
+	clientURL url.URL     // actual bound address after the first start
 	peerURL   url.URL
 	pki       PKI // the files of a secured member, after Start
 }
@@ -318,18 +320,46 @@ func (s *Server) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop shuts etcd down and waits for it. Stopping a stopped Server is a
-// no-op. Clients connected to it see Unavailable until it is started again.
+// StopGrace bounds how long Stop waits for etcd's own close once the
+// member has stopped (raft, WAL and backend closed: the data is safe).
+// etcd's peer server can otherwise wait forever for connections that
+// never finished a handshake, which a flood of the peer port leaves.
+const StopGrace = 5 * time.Second
+
+// Stop shuts etcd down and waits for it: for the member to stop, then at
+// most StopGrace for etcd to close its servers (Lingering reports a close
+// that was still running then). Stopping a stopped Server is a no-op.
+// Clients connected to it see Unavailable until it is started again.
 func (s *Server) Stop() {
 	s.mu.Lock()
 	e, unlock := s.e, s.unlock
 	s.e, s.unlock = nil, nil
 	s.mu.Unlock()
-	if e != nil {
-		e.Close()
-		unlock()
+	if e == nil {
+		return
 	}
+	closed := make(chan struct{})
+	go func() {
+		e.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-e.Server.StopNotify():
+		t := time.NewTimer(StopGrace)
+		select {
+		case <-closed:
+		case <-t.C:
+			s.lingering.Store(true)
+		}
+		t.Stop()
+	}
+	unlock()
 }
+
+// Lingering reports whether the last Stop returned while etcd was still
+// closing its servers (see StopGrace).
+func (s *Server) Lingering() bool { return s.lingering.Load() }
 
 // Close is Stop, for io.Closer-style cleanup.
 func (s *Server) Close() error {
