@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/idrange/idrange/internal/testenv"
 )
 
 const module = "github.com/idrange/idrange"
@@ -47,11 +49,7 @@ func goTool(t *testing.T) string {
 			return p
 		}
 	}
-	p, err := exec.LookPath("go")
-	if err != nil {
-		t.Skipf("depcheck needs the go command to list dependencies; not found in GOROOT/bin or PATH: %v", err)
-	}
-	return p
+	return testenv.LookTool(t, "go", "depcheck lists dependencies with the go command; found neither in GOROOT/bin nor on PATH")
 }
 
 // listDeps returns every package pkg depends on (itself included), in
