@@ -17,7 +17,8 @@ import (
 const promtoolHint = "install it with `apt-get install prometheus` (Debian; .ci/run does) to run the rule checks"
 
 // loadRules reads the rules file with the parser the PrometheusRule
-// generator uses (promrule.Parse: strict decoding, Prometheus's own checks).
+// generator uses (promrule.Parse: strict decoding and the structure checks
+// Prometheus applies; it does not parse PromQL, TestPromQLParses does).
 func loadRules(t *testing.T) promrule.RulesFile {
 	t.Helper()
 	path := filepath.Join(repoRoot(), rulesFile)
