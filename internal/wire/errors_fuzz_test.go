@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -30,25 +31,25 @@ func FuzzErrorMapping(f *testing.F) {
 	f.Add(uint32(99), "\r\n\xff", "NO_SUCH_REASON", ErrorDomain, int64(-5), uint8(200))
 	f.Fuzz(func(t *testing.T, code uint32, msg, reason, domain string, retryNanos int64, pick uint8) {
 		c := codes.Code(code % 20) // the 17 codes and a few no client knows
-		// withDetails is the status with these details, or without them
-		// when they do not marshal (a string that is not UTF-8): such a
-		// status cannot be sent.
 		withDetails := func(details ...protoadapt.MessageV1) *status.Status {
 			st := status.New(c, msg)
-			if len(details) == 0 {
+			if len(details) == 0 || c == codes.OK { // OK carries no details
 				return st
 			}
-			if with, err := st.WithDetails(details...); err == nil {
-				return with
+			with, err := st.WithDetails(details...)
+			if err != nil {
+				t.Fatalf("WithDetails: %v", err)
 			}
-			return st
+			return with
 		}
 		var retry []protoadapt.MessageV1
 		if retryNanos >= 0 {
 			retry = append(retry, &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Duration(retryNanos))})
 		}
 		info := retry
-		if reason != "" || domain != "" {
+		// An ErrorInfo whose strings are not UTF-8 does not marshal, so no
+		// server can send it.
+		if (reason != "" || domain != "") && utf8.ValidString(reason) && utf8.ValidString(domain) {
 			info = append([]protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: reason, Domain: domain}}, retry...)
 		}
 		got := FromStatus(withDetails(info...).Err())
