@@ -255,7 +255,7 @@ func (f *filter) result(test string) string {
 func describe(result string) string {
 	switch result {
 	case "":
-		return "did not run: no test by that name (renamed or removed? scripts/test names it)"
+		return "did not run: no test by that name (renamed or removed? the script that pins it names it)"
 	case "skip":
 		return "was skipped (its reason is above)"
 	}
