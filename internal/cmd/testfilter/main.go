@@ -139,7 +139,7 @@ func (f *filter) handle(e event) {
 		case e.Test == "" && isResultLine(e.Output):
 			fmt.Fprint(f.out, e.Output)
 			return
-		case e.Test == "" && (e.Output == "PASS\n" || e.Output == "FAIL\n"):
+		case e.Test == "" && (e.Output == "PASS\n" || e.Output == "FAIL\n" || exitStatus.MatchString(e.Output)):
 			return // the result line says it
 		case f.cfg.show != nil && f.cfg.show.MatchString(strings.TrimRight(e.Output, "\n")):
 			fmt.Fprint(f.out, e.Output)
@@ -178,6 +178,9 @@ func (f *filter) handle(e event) {
 		}
 	}
 }
+
+// exitStatus is the test binary's exit line, which go test -fuzz prints.
+var exitStatus = regexp.MustCompile(`^exit status \d+\n$`)
 
 // isResultLine: the package's result as go test prints it ("ok  \tpkg",
 // "FAIL\tpkg", "?   \tpkg\t[no test files]").
