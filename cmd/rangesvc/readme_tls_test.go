@@ -19,9 +19,7 @@ func TestREADMEOpenSSLExample(t *testing.T) {
 		t.Skip("subprocess test: skipped with -short")
 	}
 	for _, tool := range []string{"openssl", "bash"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (.ci/run installs openssl): %v", tool, err)
-		}
+		testenv.LookTool(t, tool, "the README's example runs it; install it (Debian: apt-get install "+tool+"; .ci/run installs openssl)")
 	}
 	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
 	if err != nil {

@@ -25,10 +25,7 @@ func TestMain(m *testing.M) {
 // unique and decodes to the region; here the test also shows that mint.py
 // fails (exit 1) when the region it is told does not match.
 func TestPythonExample(t *testing.T) {
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("python3 not on PATH (.ci/run installs Debian's python3): the Python example is not run")
-	}
+	py := testenv.LookTool(t, "python3", "the Python example is run with it; install it (Debian: apt-get install python3; .ci/run does)")
 	const region = 1
 	a := testenv.StartServe(t, testenv.ServeConfig{Region: region})
 	etcd := a.EmbeddedEtcd(t)

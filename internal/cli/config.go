@@ -54,6 +54,11 @@ func ApplyConfigFile(fs *flag.FlagSet, path string) error {
 	if err != nil {
 		return Usagef("--%s: %w", ConfigFlag, err)
 	}
+	return applyConfig(fs, path, raw)
+}
+
+// applyConfig is ApplyConfigFile for the contents raw of the file at path.
+func applyConfig(fs *flag.FlagSet, path string, raw []byte) error {
 	vals, err := parseConfig(raw)
 	if err != nil {
 		return Usagef("--%s %s: %v", ConfigFlag, path, err)

@@ -118,3 +118,43 @@ func TestConfigFileEmpty(t *testing.T) {
 		t.Fatalf("empty file changed flags: %+v", f)
 	}
 }
+
+// FuzzConfigFile: whatever a --config file holds, applying it either
+// fails with a usage error naming the file, or sets exactly the flags the
+// file names (none ignored, none invented).
+func FuzzConfigFile(f *testing.F) {
+	for _, body := range []string{
+		"region: 2\nlisten: 127.0.0.1:0\nlease-ttl: 20s\ndebug: true\netcd: [10.0.0.1:2379, 10.0.0.2:2379]\n",
+		"region: 1\nregoin: 2\n", "region: two\n", "lease-ttl: 10\n", "debug: maybe\n", "listen: {host: x}\n",
+		"listen:\n", "etcd: [[a]]\n", "config: other.yaml\n", "- region\n", "region: 1\nregion: 2\n",
+		"region: [1\n", "--region: 1\n", "# nothing\n", "", "region: 0x10\n", "debug: yes\n", "region: &a 1\nlisten: *a\n",
+		"listen: \"\\u0000\"\n", "etcd: []\n", "region: 1e3\n",
+	} {
+		f.Add([]byte(body))
+	}
+	const path = "fuzz.yaml"
+	f.Fuzz(func(t *testing.T, body []byte) {
+		fl := newTestFlags()
+		err := applyConfig(fl.fs, path, body)
+		if err != nil {
+			if !IsUsage(err) || !strings.Contains(err.Error(), path) {
+				t.Fatalf("error %q: want a usage error naming %s", err, path)
+			}
+			return
+		}
+		vals, perr := parseConfig(body)
+		if perr != nil {
+			t.Fatalf("applied, but parseConfig fails: %v", perr)
+		}
+		var set []string
+		fl.fs.Visit(func(fg *flag.Flag) { set = append(set, fg.Name) })
+		if len(set) != len(vals) {
+			t.Fatalf("the file names %d keys, %d flags were set (%v)", len(vals), len(set), set)
+		}
+		for _, name := range set {
+			if _, ok := vals[name]; !ok {
+				t.Fatalf("flag %s set, but the file does not name it", name)
+			}
+		}
+	})
+}

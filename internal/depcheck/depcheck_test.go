@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/idrange/idrange/internal/testenv"
 )
 
 const module = "github.com/idrange/idrange"
@@ -28,9 +30,18 @@ var rules = []rule{
 	{pkg: "tlsfiles", stdlibOnly: true},
 	{pkg: "rangeclient", forbidden: []string{
 		"go.etcd.io/", "go.uber.org/zap", "github.com/getsentry/", "github.com/gogo/", "github.com/cockroachdb/",
+		prometheusServer,
 	}},
 	{pkg: "segment", forbidden: []string{"go.etcd.io/", "github.com/cockroachdb/"}},
+	// The binaries: Prometheus's server module is required only for the
+	// PromQL parser in internal/monitorcheck's tests.
+	{pkg: "cmd/rangesvc", forbidden: []string{prometheusServer}},
+	{pkg: "cmd/rangesvc-bench", forbidden: []string{prometheusServer}},
 }
+
+// prometheusServer is the Prometheus server module (not its client
+// library, github.com/prometheus/client_golang).
+const prometheusServer = "github.com/prometheus/prometheus/"
 
 // dep is one line of `go list -deps`.
 type dep struct {
@@ -47,11 +58,7 @@ func goTool(t *testing.T) string {
 			return p
 		}
 	}
-	p, err := exec.LookPath("go")
-	if err != nil {
-		t.Skipf("depcheck needs the go command to list dependencies; not found in GOROOT/bin or PATH: %v", err)
-	}
-	return p
+	return testenv.LookTool(t, "go", "depcheck lists dependencies with the go command; found neither in GOROOT/bin nor on PATH")
 }
 
 // listDeps returns every package pkg depends on (itself included), in

@@ -3,7 +3,9 @@
 // rangeclient gets gRPC, protobuf and the Prometheus client, and nothing of
 // etcd, zap, sentry, gogo or cockroachdb; snowflake is standard library
 // only, like the generators it is compared with; the segment domain package
-// has no etcd and no cockroachdb. Run it alone with
+// has no etcd and no cockroachdb; neither rangeclient nor the binaries link
+// the Prometheus server module, whose PromQL parser only tests use. Run it
+// alone with
 //
 //	go test -count=1 -v ./internal/depcheck/
 package depcheck

@@ -93,7 +93,8 @@ func readDashboard(path string) (dashboard, error) {
 }
 
 // exprs returns the dashboard's PromQL: every panel target's expression,
-// rows' panels included, keyed "panel title/refId".
+// rows' panels included, keyed `panel <id> "<title>"/<refId>` (titles
+// repeat across rows; ids are unique, TestDashboardShape checks).
 func (d dashboard) exprs() map[string]string {
 	out := map[string]string{}
 	var walk func([]panel)
@@ -101,7 +102,7 @@ func (d dashboard) exprs() map[string]string {
 		for _, p := range ps {
 			for _, t := range p.Targets {
 				if t.Expr != "" {
-					out[p.Title+"/"+t.RefID] = t.Expr
+					out[fmt.Sprintf("panel %d %q/%s", p.ID, p.Title, t.RefID)] = t.Expr
 				}
 			}
 			walk(p.Panels)

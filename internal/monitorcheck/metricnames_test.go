@@ -2,7 +2,6 @@ package monitorcheck
 
 import (
 	"context"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -34,23 +33,15 @@ func usedNames(t *testing.T) (used map[string][]string, recorded map[string]bool
 			if r.Record != "" {
 				recorded[r.Record] = true
 			}
-			where := rulesFile + " " + r.Record + r.Alert
-			for _, n := range metricNames(r.Expr) {
-				used[n] = append(used[n], where)
-			}
 		}
 	}
-	d, err := readDashboard(filepath.Join(repoRoot(), dashboardFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	queries := d.exprs()
-	for k, v := range d.variableExprs() {
-		queries["variable "+k] = v
-	}
-	for where, expr := range queries {
-		for _, n := range metricNames(expr) {
-			used[n] = append(used[n], dashboardFile+" "+where)
+	for where, expr := range queries(t) {
+		names, err := metricNames(expr)
+		if err != nil {
+			t.Errorf("%s: %v", where, err)
+		}
+		for _, n := range names {
+			used[n] = append(used[n], where)
 		}
 	}
 	return used, recorded

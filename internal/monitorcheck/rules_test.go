@@ -10,13 +10,15 @@ import (
 	"testing"
 
 	"github.com/idrange/idrange/internal/promrule"
+	"github.com/idrange/idrange/internal/testenv"
 )
 
-// promtoolHint says how to get promtool when a test skips for want of it.
-const promtoolHint = "promtool not on PATH: install it with `apt-get install prometheus` (Debian; .ci/run does) to run the rule checks"
+// promtoolHint says how to get promtool when a test lacks it.
+const promtoolHint = "install it with `apt-get install prometheus` (Debian; .ci/run does) to run the rule checks"
 
 // loadRules reads the rules file with the parser the PrometheusRule
-// generator uses (promrule.Parse: strict decoding, Prometheus's own checks).
+// generator uses (promrule.Parse: strict decoding and the structure checks
+// Prometheus applies; it does not parse PromQL, TestPromQLParses does).
 func loadRules(t *testing.T) promrule.RulesFile {
 	t.Helper()
 	path := filepath.Join(repoRoot(), rulesFile)
@@ -136,11 +138,7 @@ func TestPromtool(t *testing.T) {
 
 func lookPromtool(t *testing.T) string {
 	t.Helper()
-	p, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Skip(promtoolHint)
-	}
-	return p
+	return testenv.LookTool(t, "promtool", promtoolHint)
 }
 
 // The dashboard's queries are valid PromQL: promtool checks them as the

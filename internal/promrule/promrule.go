@@ -103,8 +103,10 @@ func DecodeStrict(data []byte, into any) error {
 // Parse decodes a rules file strictly (unknown or duplicate fields fail)
 // and checks what Prometheus would refuse outright: a group without a name
 // or rules, duplicate group names, a rule that is not exactly one of record
-// and alert, an empty expr, a duration that does not parse. The expressions
-// themselves are promtool's to check.
+// and alert, an empty expr, a duration that does not parse. It does not
+// parse PromQL (the generator would link Prometheus's server module for
+// it): internal/monitorcheck's tests parse every expression with
+// Prometheus's PromQL parser, and promtool checks the file in CI.
 func Parse(data []byte) (RulesFile, error) {
 	var f RulesFile
 	if err := DecodeStrict(data, &f); err != nil {

@@ -20,10 +20,8 @@ func TestCommittedPrometheusRuleIsGenerated(t *testing.T) {
 	rules, rerr := os.ReadFile(rulesPath)
 	committed, cerr := os.ReadFile(crPath)
 	switch {
-	case errors.Is(rerr, os.ErrNotExist) && errors.Is(cerr, os.ErrNotExist):
-		t.Skipf("%s is not in this tree yet (the alert rules); nothing to generate from", rulesPath)
 	case errors.Is(rerr, os.ErrNotExist):
-		t.Fatalf("%s exists but %s does not: delete it, or restore the rules file", crPath, rulesPath)
+		t.Fatalf("%s is missing: restore the alerting rules (%s is generated from them)", rulesPath, crPath)
 	case rerr != nil:
 		t.Fatal(rerr)
 	case errors.Is(cerr, os.ErrNotExist):

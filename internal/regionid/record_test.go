@@ -105,3 +105,37 @@ func TestParseRegionKey(t *testing.T) {
 		}
 	}
 }
+
+// FuzzDecode: a stored region record or registry claim either decodes to a
+// value whose encoding is exactly the bytes read, or fails with ErrCorrupt
+// on one line; nothing in between is read as a default.
+func FuzzDecode(f *testing.F) {
+	good, _ := validRecord().Encode()
+	r := validRecord()
+	r.RestorePending, r.RestoreReason, r.RestoreSinceUnixMs = true, "restored", 5
+	r.RegistryClaimedUnixMs, r.RegistryClusterID = 7, "00000000000000ff"
+	r.FencedUnixMs, r.FencedToUnixMs = 8, 9
+	pending, _ := r.Encode()
+	for _, b := range [][]byte{good, pending, []byte(""), []byte("{}"), []byte("null"), append(good, ' '),
+		[]byte(strings.Replace(string(good), `"v":1`, `"v":1.0`, 1)), []byte(EncodeClaim(strings.Repeat("0f", 16))), []byte("v1:")} {
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		rec, err := Decode(b)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) || strings.ContainsAny(err.Error(), "\r\n") {
+				t.Fatalf("Decode(%q): %q, want one line wrapping ErrCorrupt", b, err)
+			}
+		} else if again, eerr := rec.Encode(); eerr != nil || string(again) != string(b) {
+			t.Fatalf("Decode(%q) = %+v, which encodes to %q, %v", b, rec, again, eerr)
+		}
+		id, err := DecodeClaim(b)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) || strings.ContainsAny(err.Error(), "\r\n") {
+				t.Fatalf("DecodeClaim(%q): %q, want one line wrapping ErrCorrupt", b, err)
+			}
+		} else if EncodeClaim(id) != string(b) {
+			t.Fatalf("DecodeClaim(%q) = %q, which encodes to %q", b, id, EncodeClaim(id))
+		}
+	})
+}

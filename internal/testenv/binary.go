@@ -9,6 +9,9 @@
 //
 // Everything listens on 127.0.0.1 with random ports and is torn down by
 // t.Cleanup. Nothing here is used outside tests.
+//
+// It also decides what a test does when a tool it needs is missing
+// (Missing, LookTool): skip locally, saying so; fail in CI mode (CI).
 package testenv
 
 import (

@@ -1,0 +1,101 @@
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+func TestCI(t *testing.T) {
+	for _, tc := range []struct {
+		ci, idrangeCI string
+		want          bool
+	}{
+		{"", "", false},
+		{"true", "", true},
+		{"1", "", true},
+		{"yes", "", true}, // unparsable: stricter, not looser
+		{"false", "", false},
+		{"0", "", false},
+		{"", "1", true},
+		{"false", "1", true},
+		{"", "0", false},
+	} {
+		t.Setenv("CI", tc.ci)
+		t.Setenv("IDRANGE_CI", tc.idrangeCI)
+		if got := CI(); got != tc.want {
+			t.Errorf("CI=%q IDRANGE_CI=%q: CI() = %v, want %v", tc.ci, tc.idrangeCI, got, tc.want)
+		}
+	}
+}
+
+// recorder is a testing.TB whose Fatalf and Skipf record what they were
+// told and end the goroutine, as the real ones do.
+type recorder struct {
+	testing.TB
+	fatal, skip string
+}
+
+func (r *recorder) Helper() {}
+func (r *recorder) Fatalf(format string, args ...any) {
+	r.fatal = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+func (r *recorder) Skipf(format string, args ...any) {
+	r.skip = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+// run calls f with a recorder on its own goroutine (Goexit ends it).
+func run(f func(testing.TB)) *recorder {
+	r := &recorder{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f(r)
+	}()
+	<-done
+	return r
+}
+
+// A missing tool fails the test in CI mode and skips it otherwise, naming
+// the tool and how to get it either way.
+func TestLookToolMissing(t *testing.T) {
+	const tool = "idrange-no-such-tool"
+	for _, ci := range []string{"true", ""} {
+		t.Setenv("CI", ci)
+		t.Setenv("IDRANGE_CI", "")
+		r := run(func(tb testing.TB) { LookTool(tb, tool, "apt-get install it") })
+		msg := r.skip
+		if ci != "" {
+			msg = r.fatal
+		}
+		if msg == "" || (r.fatal != "") == (r.skip != "") {
+			t.Errorf("CI=%q: fatal %q, skip %q; want exactly the %s", ci, r.fatal, r.skip, map[bool]string{true: "failure", false: "skip"}[ci != ""])
+			continue
+		}
+		if !strings.Contains(msg, tool+" is missing") || !strings.Contains(msg, "apt-get install it") {
+			t.Errorf("CI=%q: %q does not name the tool and how to get it", ci, msg)
+		}
+	}
+}
+
+// A tool that is there (this test binary, by its path) is found in CI
+// mode.
+func TestLookToolFound(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("CI", "true")
+	r := run(func(tb testing.TB) {
+		if p := LookTool(tb, self, "build it"); p != self {
+			tb.Fatalf("LookTool(%q) = %q", self, p)
+		}
+	})
+	if r.fatal != "" || r.skip != "" {
+		t.Errorf("go is on PATH, yet fatal %q, skip %q", r.fatal, r.skip)
+	}
+}
