@@ -25,6 +25,12 @@
 // request leaves and <ret> after the reply arrived. I lines carry the time
 // before the minting call started (t0) and after it returned (t1).
 //
+// A history that misses an event proves nothing, so the Recorder never
+// drops one silently: the first write error sticks and Recorder.Err,
+// Flush and Close report it, and cmd/minter stops minting and exits 1
+// naming it (the fault suite fails a scenario on any minter that did not
+// exit 0 when asked to stop). A file cut short mid-line does not parse.
+//
 // # What the checker proves (Check)
 //
 //   - Unique and in range: no ID twice across all histories, every ID
