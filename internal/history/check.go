@@ -70,10 +70,14 @@ type Report struct {
 	OrderViolations int64 `json:"order_violations"`
 	AfterDeadline   int64 `json:"after_deadline"`
 	// MaxDeadlineOverrun is how far past the latest possible deadline the
-	// worst such ID was handed out.
+	// worst such ID's call returned.
 	MaxDeadlineOverrun time.Duration `json:"max_deadline_overrun"`
-	AfterNewOwner      int64         `json:"after_new_owner"`
-	OutsideBlock       int64         `json:"outside_block"`
+	// ClosestToDeadline is how near the run came to a deadline violation:
+	// the least time by which any ID's call returned before the latest
+	// possible deadline of its lease (0 when no ID was under a lease).
+	ClosestToDeadline time.Duration `json:"closest_to_deadline"`
+	AfterNewOwner     int64         `json:"after_new_owner"`
+	OutsideBlock      int64         `json:"outside_block"`
 	// AfterBlockValid counts IDs handed out from a block after its
 	// validity, and MaxBlockOverrun is by how much at most: a freshness
 	// finding (FreshnessErr), not a safety violation.
@@ -118,8 +122,8 @@ func (r Report) Err() error {
 		errs = append(errs, errors.Wrapf(ErrOutOfRange, "%d id(s) out of range: %v", r.OutOfRange, r.idErr))
 	}
 	add(r.OrderViolations, ErrOrder, "order", "id(s) not above the previous id of their code in the same process")
-	add(r.AfterDeadline, ErrAfterDeadline, "deadline", fmt.Sprintf("id(s) handed out up to %v after the safety deadline", r.MaxDeadlineOverrun))
-	add(r.AfterNewOwner, ErrAfterNewOwner, "owner", "id(s) handed out after a new owner acquired the code")
+	add(r.AfterDeadline, ErrAfterDeadline, "deadline", fmt.Sprintf("id(s) whose call returned up to %v after the safety deadline", r.MaxDeadlineOverrun))
+	add(r.AfterNewOwner, ErrAfterNewOwner, "owner", "id(s) whose call returned after a new owner acquired the code")
 	add(r.OutsideBlock, ErrOutsideBlock, "block", "id(s) outside every block received under the lease")
 	add(r.BlockOverlaps, ErrBlockOverlap, "overlap", "overlap(s) between received blocks")
 	add(r.HWMDecreases, ErrHWM, "hwm", "decrease(s) of a high-water mark in etcd")
@@ -144,10 +148,10 @@ func (r Report) FreshnessErr() error {
 // Summary is a one-line account of the report for logs.
 func (r Report) Summary() string {
 	return fmt.Sprintf("processes=%d ids=%d leases=%d renewals=%d blocks=%d duplicates=%d out_of_range=%d order=%d "+
-		"after_deadline=%d after_new_owner=%d outside_block=%d after_block_valid=%d (max %v) overlaps=%d "+
+		"after_deadline=%d (closest return before a deadline %v) after_new_owner=%d outside_block=%d after_block_valid=%d (max %v) overlaps=%d "+
 		"hwm_checked=%t hwm_steps=%d hwm_decreases=%d blocks_not_in_etcd=%d burned_grants=%d unused_blocks=%d gap_positions=%d",
 		r.Processes, r.IDs, r.Leases, r.Renewals, r.Blocks, r.Duplicates, r.OutOfRange, r.OrderViolations,
-		r.AfterDeadline, r.AfterNewOwner, r.OutsideBlock, r.AfterBlockValid, r.MaxBlockOverrun, r.BlockOverlaps,
+		r.AfterDeadline, r.ClosestToDeadline, r.AfterNewOwner, r.OutsideBlock, r.AfterBlockValid, r.MaxBlockOverrun, r.BlockOverlaps,
 		r.HWMChecked, r.HWMSteps, r.HWMDecreases, r.BlocksNotInEtcd, r.BurnedGrants, r.UnusedBlocks, r.GapPositions)
 }
 
@@ -207,6 +211,7 @@ func Check(hs []*History, cfg Config) (Report, error) {
 		perProc:   make([]map[codeKey][]*leaseInfo, len(hs)),
 		owners:    map[codeKey][]*leaseInfo{},
 		allBlocks: map[codeKey][]*blockInfo{},
+		closest:   math.MaxInt64,
 	}
 	for pi, h := range hs {
 		if err := c.index(pi, h); err != nil {
@@ -216,6 +221,9 @@ func Check(hs []*History, cfg Config) (Report, error) {
 	c.linkOwners()
 	if err := c.checkIDs(hs); err != nil {
 		return Report{}, err
+	}
+	if c.closest != math.MaxInt64 {
+		c.rep.ClosestToDeadline = time.Duration(c.closest)
 	}
 	c.checkBlocks()
 	if cfg.HWM != nil {
@@ -236,6 +244,7 @@ type checker struct {
 	allBlocks map[codeKey][]*blockInfo   // per code: every process's blocks
 	blocks    []*blockInfo               // every block, in history order
 	total     int64                      // IDs in all histories
+	closest   int64                      // least deadline bound - T1 so far
 }
 
 // example keeps the first Config.MaxExamples problems of each kind.
@@ -352,8 +361,9 @@ func (c *checker) checkIDs(hs []*History) error {
 
 // checkMinted checks one ID that h handed out in mint m against ls, h's
 // leases of the ID's code (by Ret): it lies in a block received under one
-// of them, before the block's validity, before the lease's latest possible
-// safety deadline and before the code's next owner acquired it.
+// of them, and its call returned before the block's validity, before the
+// lease's latest possible safety deadline and before the code's next owner
+// acquired it.
 func (c *checker) checkMinted(h *History, ls []*leaseInfo, m Mint, id snowflake.ID) {
 	v, k := int64(id), codeKey{id.Region(), id.Worker()}
 	li, blk, ok := mintedUnder(ls, segment.Linear(id), m.T1)
@@ -362,28 +372,33 @@ func (c *checker) checkMinted(h *History, ls []*leaseInfo, m Mint, id snowflake.
 		c.example("block", "%s: %d of %v handed out with no lease of that code held", h.Name, v, k)
 		return
 	}
+	// Every rule about a moment dates the ID by m.T1, the return of its
+	// call: the one instant at which the ID is known to have existed (see
+	// "Which instant dates an ID" in the package doc).
 	if blk == nil {
 		c.rep.OutsideBlock++
 		c.example("block", "%s: %d (L=%d) of %v is in no block received under token %d", h.Name, v, segment.Linear(id), k, li.Token)
 	} else {
 		blk.minted++
-		if validLocal := blk.Send + (blk.ValidUntil - blk.ServiceTime); m.T0 >= validLocal {
+		if validLocal := blk.Send + (blk.ValidUntil - blk.ServiceTime); m.T1 >= validLocal {
 			c.rep.AfterBlockValid++
-			c.rep.MaxBlockOverrun = max(c.rep.MaxBlockOverrun, time.Duration(m.T0-validLocal))
-			c.example("valid", "%s: %d handed out %v after its block [%d,%d) expired",
-				h.Name, v, time.Duration(m.T0-validLocal), blk.Lo, blk.Hi)
+			c.rep.MaxBlockOverrun = max(c.rep.MaxBlockOverrun, time.Duration(m.T1-validLocal))
+			c.example("valid", "%s: %d returned %v after its block [%d,%d) expired",
+				h.Name, v, time.Duration(m.T1-validLocal), blk.Lo, blk.Hi)
 		}
 	}
-	if dl := li.boundAt(m.T1); m.T0 >= dl {
+	if dl := li.boundAt(m.T1); m.T1 >= dl {
 		c.rep.AfterDeadline++
-		c.rep.MaxDeadlineOverrun = max(c.rep.MaxDeadlineOverrun, time.Duration(m.T0-dl))
-		c.example("deadline", "%s: %d of %v (token %d) handed out %v after the latest possible safety deadline",
-			h.Name, v, k, li.Token, time.Duration(m.T0-dl))
+		c.rep.MaxDeadlineOverrun = max(c.rep.MaxDeadlineOverrun, time.Duration(m.T1-dl))
+		c.example("deadline", "%s: %d of %v (token %d) returned %v after the latest possible safety deadline (its call started %v before it)",
+			h.Name, v, k, li.Token, time.Duration(m.T1-dl), time.Duration(dl-m.T0))
+	} else {
+		c.closest = min(c.closest, dl-m.T1)
 	}
-	if nx := li.next; nx != nil && m.T0 >= nx.Ret {
+	if nx := li.next; nx != nil && m.T1 >= nx.Ret {
 		c.rep.AfterNewOwner++
-		c.example("owner", "%s: %d of %v (token %d) handed out %v after %s acquired it (token %d)",
-			h.Name, v, k, li.Token, time.Duration(m.T0-nx.Ret), nx.proc.Name, nx.Token)
+		c.example("owner", "%s: %d of %v (token %d) returned %v after %s acquired it (token %d)",
+			h.Name, v, k, li.Token, time.Duration(m.T1-nx.Ret), nx.proc.Name, nx.Token)
 	}
 }
 

@@ -22,8 +22,9 @@ const (
 // fakeRun is a consistent two-owner story for one code:
 //
 //	p1 acquires w3 at 1 s (token 10, TTL 4 s, margin 1 s), renews at 2 s and
-//	3 s, gets block A, mints; stops renewing after 3 s (deadline 2.9+4-1 =
-//	5.9 s); p2 acquires w3 at 10 s (token 20), gets block B above A, mints.
+//	3 s, gets block A, mints; stops renewing after 3 s (its last renewal
+//	was sent at 3 s - 100 ns: deadline 6 s - 100 ns); p2 acquires w3 at
+//	10 s (reply at 10 s + 100 ns, token 20), gets block B above A, mints.
 type fakeRun struct {
 	p1, p2 *History
 	hwm    map[int][]int64
@@ -114,7 +115,8 @@ func TestCheckCleanRun(t *testing.T) {
 		t.Fatalf("clean run failed the check: %v\n%s", err, rep.Summary())
 	}
 	want := Report{Processes: 2, IDs: 8, Leases: 2, Renewals: 3, Blocks: 2, HWMChecked: true, HWMSteps: 3,
-		BurnedGrants: 1, BurnedPosition: linear(ms0+5000, 0) - f.blockA[1],
+		ClosestToDeadline: time.Second - 110, // p1's call returning at 5 s + 10 ns
+		BurnedGrants:      1, BurnedPosition: linear(ms0+5000, 0) - f.blockA[1],
 		GapPositions: (f.blockA[1] - f.blockA[0] - 5) + (f.blockB[1] - f.blockB[0] - 3)}
 	rep.Examples, want.Examples = nil, nil
 	rep.idErr = nil
@@ -147,11 +149,24 @@ func TestCheckCatchesPlantedFaults(t *testing.T) {
 			r2.Minted(11*sec+600, 11*sec+700, ids(f.blockB[0], 6))
 		}, nil, ErrDuplicate},
 		{"after the safety deadline", func(r1, r2 *Recorder, f *fakeRun) {
-			// Last renewal sent at 2.9 s with TTL 4 s, margin 1 s: the
-			// deadline is 5.9 s. An ID handed out by a call started at 6 s
-			// is a violation even though it is unique and in its block.
+			// Last renewal sent at 3 s - 100 ns with TTL 4 s, margin 1 s:
+			// the deadline is 6 s - 100 ns. An ID handed out by a call
+			// started at 6 s is a violation even though it is unique and
+			// in its block.
 			r1.Minted(6*sec, 6*sec+10, ids(f.blockA[0], 200))
 		}, nil, ErrAfterDeadline},
+		{"returned after the safety deadline (late return)", func(r1, r2 *Recorder, f *fakeRun) {
+			// The call started 100 ns before the deadline and returned
+			// 10 ns after it: nothing shows the ID existed before the
+			// deadline, so it is dated by its return.
+			r1.Minted(6*sec-200, 6*sec+10, ids(f.blockA[0], 200))
+		}, nil, ErrAfterDeadline},
+		{"returned after a new owner took the code (late return)", func(r1, r2 *Recorder, f *fakeRun) {
+			// p1 keeps renewing, and its call starts before p2's
+			// acquisition returned (10 s + 100 ns) but returns after it.
+			r1.Renewed(9*sec, 9*sec+100, 10, 4*time.Second)
+			r1.Minted(10*sec+50, 10*sec+150, ids(f.blockA[0], 300))
+		}, nil, ErrAfterNewOwner},
 		{"after a new owner took the code", func(r1, r2 *Recorder, f *fakeRun) {
 			// p1 keeps renewing (so its own deadline is not the issue) but
 			// p2 acquired the code at 10 s.
