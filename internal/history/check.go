@@ -47,6 +47,10 @@ type Config struct {
 	// Give NotAfter the service's maximum lead plus any forward clock jump
 	// the run injected.
 	NotBefore, NotAfter time.Time
+	// Replies are the IDs that left the system outside every history (see
+	// Reply). They join the one duplicate check with every history's IDs,
+	// and the range check.
+	Replies []Reply
 	// HWM, when non-nil, is etcd's record of the region's high-water marks:
 	// for each worker code, every value its HWM key held, in revision order
 	// (see the faultsuite's replay). nil skips the etcd checks.
@@ -56,14 +60,35 @@ type Config struct {
 	MaxExamples int
 }
 
+// Reply is one call that returned IDs to a caller outside every history: a
+// replica's MintBatch or Next RPC, or its HTTP GET /v1/ids. The replica
+// mints them with its own client, whose leases and blocks no history
+// records, so Check holds them to what needs no history: no ID twice among
+// them and every history's IDs, and every ID in range. What else a
+// scenario knows of them (e.g. none returned after the replica's deadline)
+// is the scenario's to check.
+type Reply struct {
+	// Source names who answered and how, for reports ("svc0 MintBatch").
+	Source string
+	// Send and Ret are on Now's clock: before the request left and after
+	// the reply arrived.
+	Send, Ret int64
+	IDs       []int64
+}
+
 // Report is the outcome of Check: counts of what was checked, of each
 // violation (all must be 0), and of allowed losses.
 type Report struct {
-	Processes int   `json:"processes"`
-	IDs       int64 `json:"ids"`
-	Leases    int   `json:"leases"`
-	Renewals  int   `json:"renewals"`
-	Blocks    int   `json:"blocks"`
+	Processes int `json:"processes"`
+	// IDs are the IDs in the histories, held to every property; ReplyIDs
+	// those of the Replies, held to uniqueness and range (with every
+	// history's IDs in one duplicate check).
+	IDs      int64 `json:"ids"`
+	Replies  int   `json:"replies"`
+	ReplyIDs int64 `json:"reply_ids"`
+	Leases   int   `json:"leases"`
+	Renewals int   `json:"renewals"`
+	Blocks   int   `json:"blocks"`
 
 	Duplicates      int64 `json:"duplicates"`
 	OutOfRange      int64 `json:"out_of_range"`
@@ -116,7 +141,8 @@ func (r Report) Err() error {
 		}
 	}
 	if r.Duplicates > 0 {
-		errs = append(errs, errors.Wrapf(ErrDuplicate, "%d duplicate(s): %v", r.Duplicates, r.idErr))
+		errs = append(errs, errors.Wrapf(ErrDuplicate, "%d duplicate(s): %v; where: %s", r.Duplicates, r.idErr,
+			strings.Join(r.Examples["duplicate"], "; ")))
 	}
 	if r.OutOfRange > 0 {
 		errs = append(errs, errors.Wrapf(ErrOutOfRange, "%d id(s) out of range: %v", r.OutOfRange, r.idErr))
@@ -128,7 +154,7 @@ func (r Report) Err() error {
 	add(r.BlockOverlaps, ErrBlockOverlap, "overlap", "overlap(s) between received blocks")
 	add(r.HWMDecreases, ErrHWM, "hwm", "decrease(s) of a high-water mark in etcd")
 	add(r.BlocksNotInEtcd, ErrHWM, "etcd", "received block(s) that are not a committed high-water-mark step")
-	if len(errs) == 0 && r.IDs == 0 {
+	if len(errs) == 0 && r.IDs+r.ReplyIDs == 0 {
 		return ErrNothingChecked
 	}
 	return errors.Join(errs...)
@@ -147,10 +173,10 @@ func (r Report) FreshnessErr() error {
 
 // Summary is a one-line account of the report for logs.
 func (r Report) Summary() string {
-	return fmt.Sprintf("processes=%d ids=%d leases=%d renewals=%d blocks=%d duplicates=%d out_of_range=%d order=%d "+
+	return fmt.Sprintf("processes=%d ids=%d replies=%d reply_ids=%d leases=%d renewals=%d blocks=%d duplicates=%d out_of_range=%d order=%d "+
 		"after_deadline=%d (closest return before a deadline %v) after_new_owner=%d outside_block=%d after_block_valid=%d (max %v) overlaps=%d "+
 		"hwm_checked=%t hwm_steps=%d hwm_decreases=%d blocks_not_in_etcd=%d burned_grants=%d unused_blocks=%d gap_positions=%d",
-		r.Processes, r.IDs, r.Leases, r.Renewals, r.Blocks, r.Duplicates, r.OutOfRange, r.OrderViolations,
+		r.Processes, r.IDs, r.Replies, r.ReplyIDs, r.Leases, r.Renewals, r.Blocks, r.Duplicates, r.OutOfRange, r.OrderViolations,
 		r.AfterDeadline, r.ClosestToDeadline, r.AfterNewOwner, r.OutsideBlock, r.AfterBlockValid, r.MaxBlockOverrun, r.BlockOverlaps,
 		r.HWMChecked, r.HWMSteps, r.HWMDecreases, r.BlocksNotInEtcd, r.BurnedGrants, r.UnusedBlocks, r.GapPositions)
 }
@@ -207,7 +233,7 @@ func Check(hs []*History, cfg Config) (Report, error) {
 	}
 	c := &checker{
 		cfg:       cfg,
-		rep:       Report{Processes: len(hs), Examples: map[string][]string{}},
+		rep:       Report{Processes: len(hs), Replies: len(cfg.Replies), Examples: map[string][]string{}},
 		perProc:   make([]map[codeKey][]*leaseInfo, len(hs)),
 		owners:    map[codeKey][]*leaseInfo{},
 		allBlocks: map[codeKey][]*blockInfo{},
@@ -319,20 +345,29 @@ func (c *checker) linkOwners() {
 	}
 }
 
-// checkIDs checks every ID handed out: unique and in range (idcheck), in
+// checkIDs checks every ID that left the system: unique and in range, the
+// histories' and the replies' in one idcheck; and each history's IDs in
 // order per process and code, and handed out under a lease and block that
 // allowed it.
 func (c *checker) checkIDs(hs []*History) error {
+	replyIDs := 0
+	for _, r := range c.cfg.Replies {
+		replyIDs += len(r.IDs)
+	}
 	ic, err := idcheck.New(idcheck.Config{
 		Expect:      idcheck.Codes([]int{c.cfg.Region}, snowflake.MaxWorker+1),
 		NotBefore:   c.cfg.NotBefore,
 		NotAfter:    c.cfg.NotAfter,
 		MaxExamples: c.cfg.MaxExamples,
-		Capacity:    int(c.total),
+		Capacity:    int(c.total) + replyIDs,
 	})
 	if err != nil {
 		return errors.Wrap(err, "history: id checker")
 	}
+	for _, r := range c.cfg.Replies {
+		ic.AddInt64(r.IDs...)
+	}
+	c.rep.ReplyIDs = int64(replyIDs)
 	for pi, h := range hs {
 		last := map[codeKey]int64{}
 		for _, m := range h.Mints {
@@ -356,7 +391,47 @@ func (c *checker) checkIDs(hs []*History) error {
 	res := ic.Check()
 	c.rep.Duplicates, c.rep.OutOfRange = res.Duplicates, res.OutOfRange
 	c.rep.idErr = res.Err()
+	if len(res.DuplicateExamples) > 0 {
+		c.whereDuplicated(hs, res.DuplicateExamples)
+	}
 	return nil
+}
+
+// whereDuplicated names, for each example duplicate, every call that
+// handed it out (process or reply source, and when the call returned, from
+// the earliest history's start), so a report shows which paths collided.
+func (c *checker) whereDuplicated(hs []*History, dups []idcheck.Duplicate) {
+	where := make(map[int64][]string, len(dups))
+	for _, d := range dups {
+		where[d.ID] = nil
+	}
+	base := int64(math.MaxInt64)
+	for _, h := range hs {
+		base = min(base, h.Start)
+	}
+	if base == math.MaxInt64 {
+		base = 0
+	}
+	at := func(t int64) time.Duration { return time.Duration(t - base).Round(time.Microsecond) }
+	for _, h := range hs {
+		for _, m := range h.Mints {
+			for _, v := range m.IDs {
+				if ws, ok := where[v]; ok {
+					where[v] = append(ws, fmt.Sprintf("%s (call returned at +%v)", h.Name, at(m.T1)))
+				}
+			}
+		}
+	}
+	for _, r := range c.cfg.Replies {
+		for _, v := range r.IDs {
+			if ws, ok := where[v]; ok {
+				where[v] = append(ws, fmt.Sprintf("%s (reply at +%v)", r.Source, at(r.Ret)))
+			}
+		}
+	}
+	for _, d := range dups {
+		c.example("duplicate", "%d in %s", d.ID, strings.Join(where[d.ID], ", "))
+	}
 }
 
 // checkMinted checks one ID that h handed out in mint m against ls, h's

@@ -3,6 +3,7 @@ package history
 import (
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,10 +27,11 @@ const (
 //	was sent at 3 s - 100 ns: deadline 6 s - 100 ns); p2 acquires w3 at
 //	10 s (reply at 10 s + 100 ns, token 20), gets block B above A, mints.
 type fakeRun struct {
-	p1, p2 *History
-	hwm    map[int][]int64
-	blockA [2]int64
-	blockB [2]int64
+	p1, p2  *History
+	hwm     map[int][]int64
+	replies []Reply // IDs a replica handed out (none by default)
+	blockA  [2]int64
+	blockB  [2]int64
 }
 
 func linear(ms, seq int64) int64 { return ms<<12 | seq }
@@ -101,6 +103,7 @@ func (f *fakeRun) check(t *testing.T) Report {
 		NotBefore: snowflake.MsTime(ms0 - 1000),
 		NotAfter:  snowflake.MsTime(ms0 + 20000),
 		HWM:       f.hwm,
+		Replies:   f.replies,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -219,6 +222,68 @@ func TestCheckCatchesPlantedFaults(t *testing.T) {
 			}
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("Err() = %v, want %v", err, tc.want)
+			}
+			t.Logf("caught: %v", err)
+		})
+	}
+}
+
+// Replies (IDs a replica handed out over MintBatch, Next or HTTP) are in
+// the same duplicate check as every history's IDs, and in the range check.
+func TestCheckRepliesJoinTheDuplicateCheck(t *testing.T) {
+	// The replica minted on its own code, w9, which no history holds.
+	own := func(offsets ...int64) []int64 {
+		var out []int64
+		for _, o := range offsets {
+			out = append(out, int64(segment.IDAt(linear(ms0+3000, o), region, 9)))
+		}
+		return out
+	}
+	histID := func(f *fakeRun) int64 { return f.p1.Mints[0].IDs[1] }
+	for _, tc := range []struct {
+		name    string
+		replies func(f *fakeRun) []Reply
+		want    error // nil: the run passes
+		where   []string
+	}{
+		{"distinct", func(f *fakeRun) []Reply {
+			return []Reply{{Source: "svc0 MintBatch", IDs: own(0, 1, 2)}, {Source: "svc1 HTTP", IDs: own(3, 4)}}
+		}, nil, nil},
+		{"a batch reply repeats a minter's ID", func(f *fakeRun) []Reply {
+			return []Reply{{Source: "svc0 MintBatch", Send: 7 * sec, Ret: 7*sec + 5, IDs: append(own(0, 1), histID(f))}}
+		}, ErrDuplicate, []string{"p1 (call returned at", "svc0 MintBatch (reply at"}},
+		{"an HTTP reply repeats a batch reply's ID", func(f *fakeRun) []Reply {
+			return []Reply{{Source: "svc0 MintBatch", IDs: own(0, 1)}, {Source: "svc1 HTTP", IDs: own(1)}}
+		}, ErrDuplicate, []string{"svc0 MintBatch", "svc1 HTTP"}},
+		{"a reply of another region", func(f *fakeRun) []Reply {
+			return []Reply{{Source: "svc0 Next", IDs: []int64{int64(segment.IDAt(linear(ms0+3000, 0), 2, 9))}}}
+		}, ErrOutOfRange, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeRun(t, nil)
+			f.replies = tc.replies(f)
+			rep := f.check(t)
+			var n int64
+			for _, r := range f.replies {
+				n += int64(len(r.IDs))
+			}
+			if rep.Replies != len(f.replies) || rep.ReplyIDs != n || rep.IDs != 8 {
+				t.Fatalf("counted replies=%d reply_ids=%d ids=%d, want %d, %d, 8", rep.Replies, rep.ReplyIDs, rep.IDs, len(f.replies), n)
+			}
+			err := rep.Err()
+			if tc.want == nil {
+				if err != nil {
+					t.Fatalf("Err() = %v, want nil", err)
+				}
+				return
+			}
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("Err() = %v, want %v", err, tc.want)
+			}
+			for _, w := range tc.where {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Err() = %v\ndoes not say where the duplicate came from (%q)", err, w)
+				}
 			}
 			t.Logf("caught: %v", err)
 		})

@@ -33,9 +33,13 @@
 //
 // # What the checker proves (Check)
 //
-//   - Unique and in range: no ID twice across all histories, every ID
+//   - Unique and in range: no ID twice across all histories and all
+//     replies (Config.Replies: the IDs a replica handed out over MintBatch,
+//     Next or HTTP, minted by a client no history records), every ID
 //     positive, of the region's codes, with a timestamp inside the run's
-//     window (internal/idcheck does this part).
+//     window. Every ID that left the system goes through one exact,
+//     sort-based duplicate check (internal/idcheck); a duplicate is
+//     reported with every call that handed it out.
 //   - Per-client order: within one process, the IDs of one code strictly
 //     increase in the order they were handed out.
 //   - Safety deadline: an ID whose call returned (t1) at or after the
