@@ -2,6 +2,7 @@ package faultsuite
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -420,50 +421,73 @@ type result struct {
 }
 
 // finish stops the minters cleanly, reads every history and etcd's HWM
-// record, runs the checker and fails the test on any violation.
+// record, runs the checker and fails the test on any violation (collect).
 func (s *suite) finish() result {
 	s.t.Helper()
-	var wg sync.WaitGroup
+	res, err := s.collect()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return res
+}
+
+// collect is finish without failing the test: the planted controls call it
+// to show that the run fails. The error joins everything that went wrong.
+func (s *suite) collect() (result, error) {
+	s.t.Helper()
+	var errs []error
+	errs = append(errs, s.stopMinters())
+	var res result
 	for _, m := range s.minters {
+		h, err := history.ReadFile(m.path)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", m.name, err))
+			continue
+		}
+		res.hists = append(res.hists, h)
+	}
+	if len(res.hists) < len(s.minters) {
+		return res, errors.Join(errs...) // a partial set proves nothing
+	}
+	hwm, err := s.replayHWM()
+	if err != nil {
+		return res, errors.Join(append(errs, fmt.Errorf("replay of the high-water marks from etcd: %w", err))...)
+	}
+	res.hwm = hwm
+	rep, err := history.Check(res.hists, s.checkConfig(hwm))
+	if err != nil {
+		return res, errors.Join(append(errs, err)...)
+	}
+	res.rep = rep
+	s.logf("check: %s", rep.Summary())
+	if err := rep.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("CHECK FAILED: %w", err))
+	}
+	if err := rep.FreshnessErr(); err != nil {
+		s.logf("FRESHNESS FINDING (cannot duplicate, reported not failed): %v", err)
+	}
+	if !rep.HWMChecked || rep.HWMSteps == 0 {
+		errs = append(errs, errors.New("the etcd high-water-mark record was not checked"))
+	}
+	return res, errors.Join(errs...)
+}
+
+// stopMinters stops every minter still running (SIGCONT first if it is
+// stopped) and waits for each to exit.
+func (s *suite) stopMinters() error {
+	errs := make([]error, len(s.minters))
+	var wg sync.WaitGroup
+	for i, m := range s.minters {
 		if m.p.exited() {
 			continue
 		}
 		if m.p.isStopped() {
 			m.p.resume()
 		}
-		wg.Add(1)
-		go func() { defer wg.Done(); m.p.terminate(stopTimeout) }()
+		wg.Go(func() { errs[i] = m.p.stop(stopTimeout) })
 	}
 	wg.Wait()
-	var res result
-	for _, m := range s.minters {
-		h, err := history.ReadFile(m.path)
-		if err != nil {
-			s.t.Fatalf("%s: %v", m.name, err)
-		}
-		res.hists = append(res.hists, h)
-	}
-	hwm, err := s.replayHWM()
-	if err != nil {
-		s.t.Fatalf("replay of the high-water marks from etcd: %v", err)
-	}
-	res.hwm = hwm
-	rep, err := history.Check(res.hists, s.checkConfig(hwm))
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	res.rep = rep
-	s.logf("check: %s", rep.Summary())
-	if err := rep.Err(); err != nil {
-		s.t.Fatalf("CHECK FAILED: %v", err)
-	}
-	if err := rep.FreshnessErr(); err != nil {
-		s.logf("FRESHNESS FINDING (cannot duplicate, reported not failed): %v", err)
-	}
-	if !rep.HWMChecked || rep.HWMSteps == 0 {
-		s.t.Fatal("the etcd high-water-mark record was not checked")
-	}
-	return res
+	return errors.Join(errs...)
 }
 
 func (s *suite) checkConfig(hwm map[int][]int64) history.Config {
