@@ -472,19 +472,34 @@ func (s *suite) collect() (result, error) {
 	return res, errors.Join(errs...)
 }
 
+// errMinterExit: a minter did not mint until the scenario asked it to stop
+// and then exit 0. It crashed, stopped by itself (cmd/minter exits 1 when
+// its history cannot record what it hands out) or hung: IDs it handed out
+// may be missing from its history, so the run proves nothing.
+var errMinterExit = errors.New("a minter did not run to the end and exit 0")
+
 // stopMinters stops every minter still running (SIGCONT first if it is
-// stopped) and waits for each to exit.
+// stopped) and checks every minter's exit: one error, wrapping
+// errMinterExit with its exit status and the tail of its stderr, per
+// minter that had exited before it was asked to, exited non-zero, or did
+// not exit within stopTimeout.
 func (s *suite) stopMinters() error {
 	errs := make([]error, len(s.minters))
 	var wg sync.WaitGroup
 	for i, m := range s.minters {
 		if m.p.exited() {
+			errs[i] = fmt.Errorf("%w: %s exited before the end of the scenario (%s)\n%s",
+				errMinterExit, m.name, m.p.exitStatus(), m.p.logTail(40))
 			continue
 		}
 		if m.p.isStopped() {
 			m.p.resume()
 		}
-		wg.Go(func() { errs[i] = m.p.stop(stopTimeout) })
+		wg.Go(func() {
+			if err := m.p.stop(stopTimeout); err != nil {
+				errs[i] = fmt.Errorf("%w: %w", errMinterExit, err)
+			}
+		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)
