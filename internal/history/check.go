@@ -465,8 +465,12 @@ func (c *checker) checkMinted(h *History, ls []*leaseInfo, m Mint, id snowflake.
 	if dl := li.boundAt(m.T1); m.T1 >= dl {
 		c.rep.AfterDeadline++
 		c.rep.MaxDeadlineOverrun = max(c.rep.MaxDeadlineOverrun, time.Duration(m.T1-dl))
-		c.example("deadline", "%s: %d of %v (token %d) returned %v after the latest possible safety deadline (its call started %v before it)",
-			h.Name, v, k, li.Token, time.Duration(m.T1-dl), time.Duration(dl-m.T0))
+		started := fmt.Sprintf("%v after it", time.Duration(m.T0-dl))
+		if m.T0 < dl {
+			started = fmt.Sprintf("%v before it", time.Duration(dl-m.T0))
+		}
+		c.example("deadline", "%s: %d of %v (token %d) returned %v after the latest possible safety deadline (its call started %s)",
+			h.Name, v, k, li.Token, time.Duration(m.T1-dl), started)
 	} else {
 		c.closest = min(c.closest, dl-m.T1)
 	}
