@@ -113,6 +113,10 @@ type suite struct {
 	corruptOK map[string]bool
 	// pki holds the certificates of an options.mtls deployment.
 	pki *suitePKI
+	// replies are the IDs the scenario's own calls received from the
+	// replicas (MintBatch, HTTP, Next): the checker puts them in the one
+	// duplicate check with every minter's history.
+	replies []history.Reply
 }
 
 type member struct {
@@ -511,6 +515,7 @@ func (s *suite) checkConfig(hwm map[int][]int64) history.Config {
 		NotBefore: s.start.Add(-2 * time.Second),
 		NotAfter:  time.Now().Add(15*time.Second + 2*time.Second + s.opt.notAfterSlack),
 		HWM:       hwm,
+		Replies:   s.replies,
 	}
 }
 
