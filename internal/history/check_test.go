@@ -290,6 +290,21 @@ func TestCheckRepliesJoinTheDuplicateCheck(t *testing.T) {
 	}
 }
 
+// A burned first step of a key (a code no history holds, whose first
+// grant nobody recorded) is a burned grant whose positions are unknown:
+// it started at the service's time, not at 0.
+func TestCheckBurnedFirstStepHasNoKnownPositions(t *testing.T) {
+	f := newFakeRun(t, nil)
+	f.hwm[9] = []int64{linear(ms0+3000, 0), linear(ms0+3100, 0)}
+	rep := f.check(t)
+	if err := rep.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if want := linear(ms0+5000, 0) - f.blockA[1] + linear(ms0+3100, 0) - linear(ms0+3000, 0); rep.BurnedGrants != 3 || rep.BurnedPosition != want {
+		t.Fatalf("burned grants %d positions %d, want 3 and %d (w3's step above A, w9's second step)", rep.BurnedGrants, rep.BurnedPosition, want)
+	}
+}
+
 func TestCheckEmptyProvesNothing(t *testing.T) {
 	h := &History{Header: Header{Name: "p", Region: region}}
 	rep, err := Check([]*History{h}, Config{Region: region})
