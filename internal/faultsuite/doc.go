@@ -11,22 +11,38 @@
 //     which makes etcd's minimum lease TTL 3 s; the suite asks for 4 s.
 //   - cmd/minter: a rangeclient that mints continuously and appends every ID
 //     it hands out, and every lease and block call its client makes (through
-//     a gRPC interceptor), to its own history file (internal/history).
+//     a gRPC interceptor), to its own history file (internal/history). If
+//     the file stops taking writes it stops minting and exits 1 saying why.
 //
 // Each scenario starts its own deployment: the etcd cluster, two
 // `rangesvc serve --etcd` replicas for region 1 (each reaching every etcd
 // member through its own internal/faultproxy, so one replica can be cut off
 // or slowed), and three minters. It injects its faults, stops the minters,
 // replays every value the region's high-water-mark keys ever held from
-// etcd's MVCC history, and runs history.Check over all histories: no ID
-// twice, every ID in range, per-client order, nothing handed out after the
-// client's safety deadline or after its code passed to a new owner, every
-// ID inside a block its client received, blocks never overlapping, every
-// block a committed HWM step.
+// etcd's MVCC history, and fails unless (suite.collect):
+//
+//   - every minter ran until it was asked to stop and then exited 0: one
+//     that crashed, stopped by itself (a history write error) or hung fails
+//     the run with its exit status and the tail of its stderr;
+//   - every history parses (a file cut short mid-line does not);
+//   - history.Check holds over all histories and every reply the scenario
+//     itself received from a replica (MintBatch, HTTP GET /v1/ids, Next):
+//     every ID that left the system in one exact duplicate check, every ID
+//     in range; and for the minters' IDs, per-client order, no ID whose
+//     call returned after the client's safety deadline or after its code
+//     passed to a new owner (IDs are dated by the return of their call: see
+//     internal/history's doc), every ID inside a block its client received,
+//     blocks never overlapping, every block a committed HWM step.
+//
+// Each of these has a planted control that must fail the run: a duplicate
+// between two minters, an ID 1 ms past a deadline and a call across one
+// (checkPlantedFaults), a MintBatch reply repeating a minter's ID and an
+// HTTP reply repeating a Next reply's (checkPlantedReplies), a minter crash
+// and a history write error (TestPlantedMinterFailuresFailTheRun).
 //
 // Scenarios (one test each; the short version runs in go test ./...):
 //
-//	TestEtcdMemberKillAndRestart                kill -9 the etcd leader, restart it; planted duplicate / late ID caught
+//	TestEtcdMemberKillAndRestart                kill -9 the etcd leader, restart it; planted duplicate / late ID / late return caught
 //	TestEtcdLeaderKillDefaultClientsRideThrough kill -9 the etcd leader under load, default clients: 0 failed calls, no wait for IDs >= 50 ms
 //	TestEtcdQuorumLossFailsClosedAndRecovers    kill -9 two members past the TTL, default clients: mint to within 100 ms of the deadline, fail closed, recover
 //	TestRangesvcReplicaKillMidGrants            kill -9 a replica mid-grants, restart on the same address
@@ -39,7 +55,8 @@
 //	TestSlowEtcdShortBlocksStillMint            +100 ms with 100 ms blocks: clients still mint
 //	TestCorruptEtcdValuesStopTheCode            corrupt HWM and lease record: the code stops, never resets
 //	TestMutualTLSIntruderAndReplicaKill         over mutual TLS: another identity replays a lease (refused), kill -9 a replica
-//	TestReplicaMintBatchSurvivesLeaseLoss       all etcd SIGSTOPped past the TTL under MintBatch calls: none succeeds after the deadline, then recovers
+//	TestReplicaMintBatchSurvivesLeaseLoss       all etcd SIGSTOPped past the TTL under MintBatch, HTTP and Next calls: none returns IDs after the deadline, then recovers; planted reply duplicates caught
+//	TestPlantedMinterFailuresFailTheRun         a minter crashes (SIGQUIT), another's history stops taking writes: the run fails on each
 //
 // plus fuzz tests of bad input (fuzz_test.go).
 //

@@ -286,26 +286,44 @@ func (p *proc) isStopped() bool {
 	return p.stopped
 }
 
-// terminate sends SIGTERM and waits up to timeout for a clean exit; it
-// fails the test if the process does not exit cleanly.
-func (p *proc) terminate(timeout time.Duration) {
-	p.t.Helper()
+// stop sends SIGTERM and waits up to timeout for the process to exit 0.
+// Its error says why not (it had exited already, it exited non-zero, or it
+// did not exit in time and was killed) with the tail of its log. It does
+// not fail the test, so it can run in its own goroutine.
+func (p *proc) stop(timeout time.Duration) error {
 	if p.exited() {
-		p.t.Fatalf("%s had already exited: %v\n%s", p.name, p.exitErr, p.logTail(40))
+		return fmt.Errorf("%s had already exited (%s)\n%s", p.name, p.exitStatus(), p.logTail(40))
 	}
-	p.signal(syscall.SIGTERM)
+	p.mu.Lock()
+	cmd := p.cmd
+	p.mu.Unlock()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		return fmt.Errorf("%s: SIGTERM: %v", p.name, err)
+	}
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	select {
 	case <-p.done:
 	case <-timer.C:
-		p.signal(syscall.SIGKILL)
+		_ = cmd.Process.Kill()
 		<-p.done
-		p.t.Fatalf("%s did not exit within %v of SIGTERM\n%s", p.name, timeout, p.logTail(40))
+		return fmt.Errorf("%s did not exit within %v of SIGTERM\n%s", p.name, timeout, p.logTail(40))
 	}
 	if p.exitErr != nil {
-		p.t.Fatalf("%s exited with %v\n%s", p.name, p.exitErr, p.logTail(40))
+		return fmt.Errorf("%s exited with %s\n%s", p.name, p.exitStatus(), p.logTail(40))
 	}
+	return nil
+}
+
+// exitStatus describes how the exited process ended ("exit status 0",
+// "exit status 1", "signal: killed").
+func (p *proc) exitStatus() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.exitErr == nil {
+		return "exit status 0"
+	}
+	return p.exitErr.Error()
 }
 
 // send writes one line to the process's stdin.

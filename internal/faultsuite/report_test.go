@@ -15,6 +15,8 @@ const reportEnv = "IDRANGE_FAULT_REPORT"
 
 // figures are one scenario's numbers.
 type figures struct {
+	// ids are the IDs in the run's one duplicate check: every minter's
+	// and every reply's the scenario received from a replica.
 	ids, duplicates int64
 	faults          int
 	// failClosed is the longest time any client took from the fault to its
@@ -34,7 +36,7 @@ type figures struct {
 }
 
 func (s *suite) figures(res result) figures {
-	f := figures{ids: res.rep.IDs, duplicates: res.rep.Duplicates, faults: s.faults,
+	f := figures{ids: res.rep.IDs + res.rep.ReplyIDs, duplicates: res.rep.Duplicates, faults: s.faults,
 		failClosed: -1, ranOn: -1, recovered: -1,
 		gapPositions: res.rep.GapPositions, burnedGrants: res.rep.BurnedGrants,
 		burnedPositions: res.rep.BurnedPosition, unusedBlocks: res.rep.UnusedBlocks}

@@ -45,8 +45,9 @@ func maxStall(hs []*history.History, a, b int64) time.Duration {
 // TestEtcdMemberKillAndRestart: kill -9 the etcd leader while grants run,
 // then bring it back. The two survivors keep a quorum: after an election,
 // grants and renewals go on; nothing is duplicated. Also proves on this
-// run's real histories that the checker catches a planted duplicate and a
-// planted ID handed out 1 ms after its client's safety deadline.
+// run's real histories that the checker catches a planted duplicate, a
+// planted ID handed out 1 ms after its client's safety deadline, and a
+// planted late return (a call across that deadline).
 func TestEtcdMemberKillAndRestart(t *testing.T) {
 	s := newSuite(t, options{refill: 200 * time.Millisecond})
 	s.waitMinting(s.mono0, 2000, time.Minute)
@@ -295,9 +296,11 @@ func TestEtcdLeaderKillDefaultClientsRideThrough(t *testing.T) {
 	s.publish(f)
 }
 
-// checkPlantedFaults plants a duplicate, and separately an ID handed out
-// 1 ms after the latest possible safety deadline, into copies of real
-// histories: the checker must fail on each, with the matching sentinel.
+// checkPlantedFaults plants a duplicate, separately an ID handed out 1 ms
+// after the latest possible safety deadline, and separately one whose call
+// started 1 ms before that deadline and returned 1 ms after it, into copies
+// of real histories: the checker must fail on each, with the matching
+// sentinel.
 func checkPlantedFaults(t *testing.T, s *suite, res result) {
 	t.Helper()
 	if len(res.hists) < 2 {
@@ -329,8 +332,12 @@ func checkPlantedFaults(t *testing.T, s *suite, res result) {
 	t.Logf("planted duplicate caught: %v", rep.Err())
 
 	// 2. After the deadline: the next position of m0's last ID, in the same
-	// block, handed out 1 ms after the latest deadline m0 could have known
-	// for that lease (its last renewal's send + TTL - margin).
+	// block, handed out by a call that started 1 ms after the latest
+	// deadline m0 could have known for that lease (its last renewal's send
+	// + TTL - margin). 3. A late return: the position after that, by a call
+	// that started 1 ms before that deadline and returned 1 ms after it.
+	// Nothing shows it was minted before the deadline: the checker dates it
+	// by its return.
 	id := snowflake.ID(last.IDs[len(last.IDs)-1])
 	var lease history.Lease
 	for _, l := range h0.Leases {
@@ -344,16 +351,23 @@ func checkPlantedFaults(t *testing.T, s *suite, res result) {
 			bound = max(bound, r.Send+int64(r.TTL)-int64(h0.Margin))
 		}
 	}
-	next := int64(segment.IDAt(segment.Linear(id)+1, id.Region(), id.Worker()))
-	late := history.Mint{T0: bound + int64(time.Millisecond), T1: bound + int64(2*time.Millisecond), IDs: []int64{next}}
-	rep, err = history.Check(others(0, copyWith(h0, late)), cfg)
-	if err != nil {
-		t.Fatal(err)
+	for i, tc := range []struct {
+		name   string
+		t0, t1 int64
+	}{
+		{"after-deadline ID", bound + ms, bound + 2*ms},
+		{"late return", bound - ms, bound + ms},
+	} {
+		next := int64(segment.IDAt(segment.Linear(id)+int64(i)+1, id.Region(), id.Worker()))
+		rep, err = history.Check(others(0, copyWith(h0, history.Mint{T0: tc.t0, T1: tc.t1, IDs: []int64{next}})), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !errors.Is(rep.Err(), history.ErrAfterDeadline) || rep.AfterDeadline != 1 || rep.Duplicates != 0 {
+			t.Fatalf("planted %s not caught: after_deadline=%d duplicates=%d err=%v", tc.name, rep.AfterDeadline, rep.Duplicates, rep.Err())
+		}
+		t.Logf("planted %s caught: %v", tc.name, rep.Err())
 	}
-	if !errors.Is(rep.Err(), history.ErrAfterDeadline) || rep.AfterDeadline != 1 || rep.Duplicates != 0 {
-		t.Fatalf("planted late ID not caught: after_deadline=%d duplicates=%d err=%v", rep.AfterDeadline, rep.Duplicates, rep.Err())
-	}
-	t.Logf("planted after-deadline ID caught: %v", rep.Err())
 }
 
 // failing reports whether the minter's latest minting call failed: it is

@@ -2,6 +2,7 @@ package faultsuite
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -112,6 +113,10 @@ type suite struct {
 	corruptOK map[string]bool
 	// pki holds the certificates of an options.mtls deployment.
 	pki *suitePKI
+	// replies are the IDs the scenario's own calls received from the
+	// replicas (MintBatch, HTTP, Next): the checker puts them in the one
+	// duplicate check with every minter's history.
+	replies []history.Reply
 }
 
 type member struct {
@@ -420,50 +425,88 @@ type result struct {
 }
 
 // finish stops the minters cleanly, reads every history and etcd's HWM
-// record, runs the checker and fails the test on any violation.
+// record, runs the checker and fails the test on any violation (collect).
 func (s *suite) finish() result {
 	s.t.Helper()
-	var wg sync.WaitGroup
-	for _, m := range s.minters {
-		if m.p.exited() {
-			continue
-		}
-		if m.p.isStopped() {
-			m.p.resume()
-		}
-		wg.Add(1)
-		go func() { defer wg.Done(); m.p.terminate(stopTimeout) }()
+	res, err := s.collect()
+	if err != nil {
+		s.t.Fatal(err)
 	}
-	wg.Wait()
+	return res
+}
+
+// collect is finish without failing the test: the planted controls call it
+// to show that the run fails. The error joins everything that went wrong.
+func (s *suite) collect() (result, error) {
+	s.t.Helper()
+	var errs []error
+	errs = append(errs, s.stopMinters())
 	var res result
 	for _, m := range s.minters {
 		h, err := history.ReadFile(m.path)
 		if err != nil {
-			s.t.Fatalf("%s: %v", m.name, err)
+			errs = append(errs, fmt.Errorf("%s: %w", m.name, err))
+			continue
 		}
 		res.hists = append(res.hists, h)
 	}
+	if len(res.hists) < len(s.minters) {
+		return res, errors.Join(errs...) // a partial set proves nothing
+	}
 	hwm, err := s.replayHWM()
 	if err != nil {
-		s.t.Fatalf("replay of the high-water marks from etcd: %v", err)
+		return res, errors.Join(append(errs, fmt.Errorf("replay of the high-water marks from etcd: %w", err))...)
 	}
 	res.hwm = hwm
 	rep, err := history.Check(res.hists, s.checkConfig(hwm))
 	if err != nil {
-		s.t.Fatal(err)
+		return res, errors.Join(append(errs, err)...)
 	}
 	res.rep = rep
 	s.logf("check: %s", rep.Summary())
 	if err := rep.Err(); err != nil {
-		s.t.Fatalf("CHECK FAILED: %v", err)
+		errs = append(errs, fmt.Errorf("CHECK FAILED: %w", err))
 	}
 	if err := rep.FreshnessErr(); err != nil {
 		s.logf("FRESHNESS FINDING (cannot duplicate, reported not failed): %v", err)
 	}
 	if !rep.HWMChecked || rep.HWMSteps == 0 {
-		s.t.Fatal("the etcd high-water-mark record was not checked")
+		errs = append(errs, errors.New("the etcd high-water-mark record was not checked"))
 	}
-	return res
+	return res, errors.Join(errs...)
+}
+
+// errMinterExit: a minter did not mint until the scenario asked it to stop
+// and then exit 0. It crashed, stopped by itself (cmd/minter exits 1 when
+// its history cannot record what it hands out) or hung: IDs it handed out
+// may be missing from its history, so the run proves nothing.
+var errMinterExit = errors.New("a minter did not run to the end and exit 0")
+
+// stopMinters stops every minter still running (SIGCONT first if it is
+// stopped) and checks every minter's exit: one error, wrapping
+// errMinterExit with its exit status and the tail of its stderr, per
+// minter that had exited before it was asked to, exited non-zero, or did
+// not exit within stopTimeout.
+func (s *suite) stopMinters() error {
+	errs := make([]error, len(s.minters))
+	var wg sync.WaitGroup
+	for i, m := range s.minters {
+		if m.p.exited() {
+			errs[i] = fmt.Errorf("%w: %s exited before the end of the scenario (%s)\n%s",
+				errMinterExit, m.name, m.p.exitStatus(), m.p.logTail(40))
+			continue
+		}
+		if m.p.isStopped() {
+			m.p.resume()
+		}
+		wg.Go(func() {
+			if err := m.p.stop(stopTimeout); err != nil {
+				errs[i] = fmt.Errorf("%w: %w", errMinterExit, err)
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 func (s *suite) checkConfig(hwm map[int][]int64) history.Config {
@@ -472,6 +515,7 @@ func (s *suite) checkConfig(hwm map[int][]int64) history.Config {
 		NotBefore: s.start.Add(-2 * time.Second),
 		NotAfter:  time.Now().Add(15*time.Second + 2*time.Second + s.opt.notAfterSlack),
 		HWM:       hwm,
+		Replies:   s.replies,
 	}
 }
 

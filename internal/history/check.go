@@ -47,6 +47,10 @@ type Config struct {
 	// Give NotAfter the service's maximum lead plus any forward clock jump
 	// the run injected.
 	NotBefore, NotAfter time.Time
+	// Replies are the IDs that left the system outside every history (see
+	// Reply). They join the one duplicate check with every history's IDs,
+	// and the range check.
+	Replies []Reply
 	// HWM, when non-nil, is etcd's record of the region's high-water marks:
 	// for each worker code, every value its HWM key held, in revision order
 	// (see the faultsuite's replay). nil skips the etcd checks.
@@ -56,24 +60,49 @@ type Config struct {
 	MaxExamples int
 }
 
+// Reply is one call that returned IDs to a caller outside every history: a
+// replica's MintBatch or Next RPC, or its HTTP GET /v1/ids. The replica
+// mints them with its own client, whose leases and blocks no history
+// records, so Check holds them to what needs no history: no ID twice among
+// them and every history's IDs, and every ID in range. What else a
+// scenario knows of them (e.g. none returned after the replica's deadline)
+// is the scenario's to check.
+type Reply struct {
+	// Source names who answered and how, for reports ("svc0 MintBatch").
+	Source string
+	// Send and Ret are on Now's clock: before the request left and after
+	// the reply arrived.
+	Send, Ret int64
+	IDs       []int64
+}
+
 // Report is the outcome of Check: counts of what was checked, of each
 // violation (all must be 0), and of allowed losses.
 type Report struct {
-	Processes int   `json:"processes"`
-	IDs       int64 `json:"ids"`
-	Leases    int   `json:"leases"`
-	Renewals  int   `json:"renewals"`
-	Blocks    int   `json:"blocks"`
+	Processes int `json:"processes"`
+	// IDs are the IDs in the histories, held to every property; ReplyIDs
+	// those of the Replies, held to uniqueness and range (with every
+	// history's IDs in one duplicate check).
+	IDs      int64 `json:"ids"`
+	Replies  int   `json:"replies"`
+	ReplyIDs int64 `json:"reply_ids"`
+	Leases   int   `json:"leases"`
+	Renewals int   `json:"renewals"`
+	Blocks   int   `json:"blocks"`
 
 	Duplicates      int64 `json:"duplicates"`
 	OutOfRange      int64 `json:"out_of_range"`
 	OrderViolations int64 `json:"order_violations"`
 	AfterDeadline   int64 `json:"after_deadline"`
 	// MaxDeadlineOverrun is how far past the latest possible deadline the
-	// worst such ID was handed out.
+	// worst such ID's call returned.
 	MaxDeadlineOverrun time.Duration `json:"max_deadline_overrun"`
-	AfterNewOwner      int64         `json:"after_new_owner"`
-	OutsideBlock       int64         `json:"outside_block"`
+	// ClosestToDeadline is how near the run came to a deadline violation:
+	// the least time by which any ID's call returned before the latest
+	// possible deadline of its lease (0 when no ID was under a lease).
+	ClosestToDeadline time.Duration `json:"closest_to_deadline"`
+	AfterNewOwner     int64         `json:"after_new_owner"`
+	OutsideBlock      int64         `json:"outside_block"`
 	// AfterBlockValid counts IDs handed out from a block after its
 	// validity, and MaxBlockOverrun is by how much at most: a freshness
 	// finding (FreshnessErr), not a safety violation.
@@ -87,7 +116,11 @@ type Report struct {
 	BlocksNotInEtcd int64 `json:"blocks_not_in_etcd"`
 	// BurnedGrants are HWM steps committed in etcd that no client received
 	// (a grant whose reply was lost or came too late): allowed gaps.
-	BurnedGrants   int64 `json:"burned_grants"`
+	BurnedGrants int64 `json:"burned_grants"`
+	// BurnedPosition counts the positions of the burned grants whose lower
+	// end is known: a key's first step is left out, because its grant
+	// started at the service's time, not at 0, and nothing records where
+	// (a replica's own client's first grant, for MintBatch, is one).
 	BurnedPosition int64 `json:"burned_positions"`
 	// GapPositions are positions of received blocks never handed out
 	// (the time-following cursor skips most of a block at low rates, and
@@ -112,19 +145,20 @@ func (r Report) Err() error {
 		}
 	}
 	if r.Duplicates > 0 {
-		errs = append(errs, errors.Wrapf(ErrDuplicate, "%d duplicate(s): %v", r.Duplicates, r.idErr))
+		errs = append(errs, errors.Wrapf(ErrDuplicate, "%d duplicate(s): %v; where: %s", r.Duplicates, r.idErr,
+			strings.Join(r.Examples["duplicate"], "; ")))
 	}
 	if r.OutOfRange > 0 {
 		errs = append(errs, errors.Wrapf(ErrOutOfRange, "%d id(s) out of range: %v", r.OutOfRange, r.idErr))
 	}
 	add(r.OrderViolations, ErrOrder, "order", "id(s) not above the previous id of their code in the same process")
-	add(r.AfterDeadline, ErrAfterDeadline, "deadline", fmt.Sprintf("id(s) handed out up to %v after the safety deadline", r.MaxDeadlineOverrun))
-	add(r.AfterNewOwner, ErrAfterNewOwner, "owner", "id(s) handed out after a new owner acquired the code")
+	add(r.AfterDeadline, ErrAfterDeadline, "deadline", fmt.Sprintf("id(s) whose call returned up to %v after the safety deadline", r.MaxDeadlineOverrun))
+	add(r.AfterNewOwner, ErrAfterNewOwner, "owner", "id(s) whose call returned after a new owner acquired the code")
 	add(r.OutsideBlock, ErrOutsideBlock, "block", "id(s) outside every block received under the lease")
 	add(r.BlockOverlaps, ErrBlockOverlap, "overlap", "overlap(s) between received blocks")
 	add(r.HWMDecreases, ErrHWM, "hwm", "decrease(s) of a high-water mark in etcd")
 	add(r.BlocksNotInEtcd, ErrHWM, "etcd", "received block(s) that are not a committed high-water-mark step")
-	if len(errs) == 0 && r.IDs == 0 {
+	if len(errs) == 0 && r.IDs+r.ReplyIDs == 0 {
 		return ErrNothingChecked
 	}
 	return errors.Join(errs...)
@@ -143,11 +177,11 @@ func (r Report) FreshnessErr() error {
 
 // Summary is a one-line account of the report for logs.
 func (r Report) Summary() string {
-	return fmt.Sprintf("processes=%d ids=%d leases=%d renewals=%d blocks=%d duplicates=%d out_of_range=%d order=%d "+
-		"after_deadline=%d after_new_owner=%d outside_block=%d after_block_valid=%d (max %v) overlaps=%d "+
+	return fmt.Sprintf("processes=%d ids=%d replies=%d reply_ids=%d leases=%d renewals=%d blocks=%d duplicates=%d out_of_range=%d order=%d "+
+		"after_deadline=%d (closest return before a deadline %v) after_new_owner=%d outside_block=%d after_block_valid=%d (max %v) overlaps=%d "+
 		"hwm_checked=%t hwm_steps=%d hwm_decreases=%d blocks_not_in_etcd=%d burned_grants=%d unused_blocks=%d gap_positions=%d",
-		r.Processes, r.IDs, r.Leases, r.Renewals, r.Blocks, r.Duplicates, r.OutOfRange, r.OrderViolations,
-		r.AfterDeadline, r.AfterNewOwner, r.OutsideBlock, r.AfterBlockValid, r.MaxBlockOverrun, r.BlockOverlaps,
+		r.Processes, r.IDs, r.Replies, r.ReplyIDs, r.Leases, r.Renewals, r.Blocks, r.Duplicates, r.OutOfRange, r.OrderViolations,
+		r.AfterDeadline, r.ClosestToDeadline, r.AfterNewOwner, r.OutsideBlock, r.AfterBlockValid, r.MaxBlockOverrun, r.BlockOverlaps,
 		r.HWMChecked, r.HWMSteps, r.HWMDecreases, r.BlocksNotInEtcd, r.BurnedGrants, r.UnusedBlocks, r.GapPositions)
 }
 
@@ -203,10 +237,11 @@ func Check(hs []*History, cfg Config) (Report, error) {
 	}
 	c := &checker{
 		cfg:       cfg,
-		rep:       Report{Processes: len(hs), Examples: map[string][]string{}},
+		rep:       Report{Processes: len(hs), Replies: len(cfg.Replies), Examples: map[string][]string{}},
 		perProc:   make([]map[codeKey][]*leaseInfo, len(hs)),
 		owners:    map[codeKey][]*leaseInfo{},
 		allBlocks: map[codeKey][]*blockInfo{},
+		closest:   math.MaxInt64,
 	}
 	for pi, h := range hs {
 		if err := c.index(pi, h); err != nil {
@@ -216,6 +251,9 @@ func Check(hs []*History, cfg Config) (Report, error) {
 	c.linkOwners()
 	if err := c.checkIDs(hs); err != nil {
 		return Report{}, err
+	}
+	if c.closest != math.MaxInt64 {
+		c.rep.ClosestToDeadline = time.Duration(c.closest)
 	}
 	c.checkBlocks()
 	if cfg.HWM != nil {
@@ -236,6 +274,7 @@ type checker struct {
 	allBlocks map[codeKey][]*blockInfo   // per code: every process's blocks
 	blocks    []*blockInfo               // every block, in history order
 	total     int64                      // IDs in all histories
+	closest   int64                      // least deadline bound - T1 so far
 }
 
 // example keeps the first Config.MaxExamples problems of each kind.
@@ -310,20 +349,29 @@ func (c *checker) linkOwners() {
 	}
 }
 
-// checkIDs checks every ID handed out: unique and in range (idcheck), in
+// checkIDs checks every ID that left the system: unique and in range, the
+// histories' and the replies' in one idcheck; and each history's IDs in
 // order per process and code, and handed out under a lease and block that
 // allowed it.
 func (c *checker) checkIDs(hs []*History) error {
+	replyIDs := 0
+	for _, r := range c.cfg.Replies {
+		replyIDs += len(r.IDs)
+	}
 	ic, err := idcheck.New(idcheck.Config{
 		Expect:      idcheck.Codes([]int{c.cfg.Region}, snowflake.MaxWorker+1),
 		NotBefore:   c.cfg.NotBefore,
 		NotAfter:    c.cfg.NotAfter,
 		MaxExamples: c.cfg.MaxExamples,
-		Capacity:    int(c.total),
+		Capacity:    int(c.total) + replyIDs,
 	})
 	if err != nil {
 		return errors.Wrap(err, "history: id checker")
 	}
+	for _, r := range c.cfg.Replies {
+		ic.AddInt64(r.IDs...)
+	}
+	c.rep.ReplyIDs = int64(replyIDs)
 	for pi, h := range hs {
 		last := map[codeKey]int64{}
 		for _, m := range h.Mints {
@@ -347,13 +395,54 @@ func (c *checker) checkIDs(hs []*History) error {
 	res := ic.Check()
 	c.rep.Duplicates, c.rep.OutOfRange = res.Duplicates, res.OutOfRange
 	c.rep.idErr = res.Err()
+	if len(res.DuplicateExamples) > 0 {
+		c.whereDuplicated(hs, res.DuplicateExamples)
+	}
 	return nil
+}
+
+// whereDuplicated names, for each example duplicate, every call that
+// handed it out (process or reply source, and when the call returned, from
+// the earliest history's start), so a report shows which paths collided.
+func (c *checker) whereDuplicated(hs []*History, dups []idcheck.Duplicate) {
+	where := make(map[int64][]string, len(dups))
+	for _, d := range dups {
+		where[d.ID] = nil
+	}
+	base := int64(math.MaxInt64)
+	for _, h := range hs {
+		base = min(base, h.Start)
+	}
+	if base == math.MaxInt64 {
+		base = 0
+	}
+	at := func(t int64) time.Duration { return time.Duration(t - base).Round(time.Microsecond) }
+	for _, h := range hs {
+		for _, m := range h.Mints {
+			for _, v := range m.IDs {
+				if ws, ok := where[v]; ok {
+					where[v] = append(ws, fmt.Sprintf("%s (call returned at +%v)", h.Name, at(m.T1)))
+				}
+			}
+		}
+	}
+	for _, r := range c.cfg.Replies {
+		for _, v := range r.IDs {
+			if ws, ok := where[v]; ok {
+				where[v] = append(ws, fmt.Sprintf("%s (reply at +%v)", r.Source, at(r.Ret)))
+			}
+		}
+	}
+	for _, d := range dups {
+		c.example("duplicate", "%d in %s", d.ID, strings.Join(where[d.ID], ", "))
+	}
 }
 
 // checkMinted checks one ID that h handed out in mint m against ls, h's
 // leases of the ID's code (by Ret): it lies in a block received under one
-// of them, before the block's validity, before the lease's latest possible
-// safety deadline and before the code's next owner acquired it.
+// of them, and its call returned before the block's validity, before the
+// lease's latest possible safety deadline and before the code's next owner
+// acquired it.
 func (c *checker) checkMinted(h *History, ls []*leaseInfo, m Mint, id snowflake.ID) {
 	v, k := int64(id), codeKey{id.Region(), id.Worker()}
 	li, blk, ok := mintedUnder(ls, segment.Linear(id), m.T1)
@@ -362,28 +451,37 @@ func (c *checker) checkMinted(h *History, ls []*leaseInfo, m Mint, id snowflake.
 		c.example("block", "%s: %d of %v handed out with no lease of that code held", h.Name, v, k)
 		return
 	}
+	// Every rule about a moment dates the ID by m.T1, the return of its
+	// call: the one instant at which the ID is known to have existed (see
+	// "Which instant dates an ID" in the package doc).
 	if blk == nil {
 		c.rep.OutsideBlock++
 		c.example("block", "%s: %d (L=%d) of %v is in no block received under token %d", h.Name, v, segment.Linear(id), k, li.Token)
 	} else {
 		blk.minted++
-		if validLocal := blk.Send + (blk.ValidUntil - blk.ServiceTime); m.T0 >= validLocal {
+		if validLocal := blk.Send + (blk.ValidUntil - blk.ServiceTime); m.T1 >= validLocal {
 			c.rep.AfterBlockValid++
-			c.rep.MaxBlockOverrun = max(c.rep.MaxBlockOverrun, time.Duration(m.T0-validLocal))
-			c.example("valid", "%s: %d handed out %v after its block [%d,%d) expired",
-				h.Name, v, time.Duration(m.T0-validLocal), blk.Lo, blk.Hi)
+			c.rep.MaxBlockOverrun = max(c.rep.MaxBlockOverrun, time.Duration(m.T1-validLocal))
+			c.example("valid", "%s: %d returned %v after its block [%d,%d) expired",
+				h.Name, v, time.Duration(m.T1-validLocal), blk.Lo, blk.Hi)
 		}
 	}
-	if dl := li.boundAt(m.T1); m.T0 >= dl {
+	if dl := li.boundAt(m.T1); m.T1 >= dl {
 		c.rep.AfterDeadline++
-		c.rep.MaxDeadlineOverrun = max(c.rep.MaxDeadlineOverrun, time.Duration(m.T0-dl))
-		c.example("deadline", "%s: %d of %v (token %d) handed out %v after the latest possible safety deadline",
-			h.Name, v, k, li.Token, time.Duration(m.T0-dl))
+		c.rep.MaxDeadlineOverrun = max(c.rep.MaxDeadlineOverrun, time.Duration(m.T1-dl))
+		started := fmt.Sprintf("%v after it", time.Duration(m.T0-dl))
+		if m.T0 < dl {
+			started = fmt.Sprintf("%v before it", time.Duration(dl-m.T0))
+		}
+		c.example("deadline", "%s: %d of %v (token %d) returned %v after the latest possible safety deadline (its call started %s)",
+			h.Name, v, k, li.Token, time.Duration(m.T1-dl), started)
+	} else {
+		c.closest = min(c.closest, dl-m.T1)
 	}
-	if nx := li.next; nx != nil && m.T0 >= nx.Ret {
+	if nx := li.next; nx != nil && m.T1 >= nx.Ret {
 		c.rep.AfterNewOwner++
-		c.example("owner", "%s: %d of %v (token %d) handed out %v after %s acquired it (token %d)",
-			h.Name, v, k, li.Token, time.Duration(m.T0-nx.Ret), nx.proc.Name, nx.Token)
+		c.example("owner", "%s: %d of %v (token %d) returned %v after %s acquired it (token %d)",
+			h.Name, v, k, li.Token, time.Duration(m.T1-nx.Ret), nx.proc.Name, nx.Token)
 	}
 }
 
@@ -448,7 +546,9 @@ func (c *checker) checkHWM() {
 				c.rep.HWMSteps++
 				if !received[k][i] {
 					c.rep.BurnedGrants++
-					c.rep.BurnedPosition += v - prev
+					if prev > 0 {
+						c.rep.BurnedPosition += v - prev
+					}
 				}
 			}
 			prev = max(prev, v)

@@ -3,6 +3,7 @@ package history
 import (
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,13 +23,15 @@ const (
 // fakeRun is a consistent two-owner story for one code:
 //
 //	p1 acquires w3 at 1 s (token 10, TTL 4 s, margin 1 s), renews at 2 s and
-//	3 s, gets block A, mints; stops renewing after 3 s (deadline 2.9+4-1 =
-//	5.9 s); p2 acquires w3 at 10 s (token 20), gets block B above A, mints.
+//	3 s, gets block A, mints; stops renewing after 3 s (its last renewal
+//	was sent at 3 s - 100 ns: deadline 6 s - 100 ns); p2 acquires w3 at
+//	10 s (reply at 10 s + 100 ns, token 20), gets block B above A, mints.
 type fakeRun struct {
-	p1, p2 *History
-	hwm    map[int][]int64
-	blockA [2]int64
-	blockB [2]int64
+	p1, p2  *History
+	hwm     map[int][]int64
+	replies []Reply // IDs a replica handed out (none by default)
+	blockA  [2]int64
+	blockB  [2]int64
 }
 
 func linear(ms, seq int64) int64 { return ms<<12 | seq }
@@ -100,6 +103,7 @@ func (f *fakeRun) check(t *testing.T) Report {
 		NotBefore: snowflake.MsTime(ms0 - 1000),
 		NotAfter:  snowflake.MsTime(ms0 + 20000),
 		HWM:       f.hwm,
+		Replies:   f.replies,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -114,7 +118,8 @@ func TestCheckCleanRun(t *testing.T) {
 		t.Fatalf("clean run failed the check: %v\n%s", err, rep.Summary())
 	}
 	want := Report{Processes: 2, IDs: 8, Leases: 2, Renewals: 3, Blocks: 2, HWMChecked: true, HWMSteps: 3,
-		BurnedGrants: 1, BurnedPosition: linear(ms0+5000, 0) - f.blockA[1],
+		ClosestToDeadline: time.Second - 110, // p1's call returning at 5 s + 10 ns
+		BurnedGrants:      1, BurnedPosition: linear(ms0+5000, 0) - f.blockA[1],
 		GapPositions: (f.blockA[1] - f.blockA[0] - 5) + (f.blockB[1] - f.blockB[0] - 3)}
 	rep.Examples, want.Examples = nil, nil
 	rep.idErr = nil
@@ -147,11 +152,24 @@ func TestCheckCatchesPlantedFaults(t *testing.T) {
 			r2.Minted(11*sec+600, 11*sec+700, ids(f.blockB[0], 6))
 		}, nil, ErrDuplicate},
 		{"after the safety deadline", func(r1, r2 *Recorder, f *fakeRun) {
-			// Last renewal sent at 2.9 s with TTL 4 s, margin 1 s: the
-			// deadline is 5.9 s. An ID handed out by a call started at 6 s
-			// is a violation even though it is unique and in its block.
+			// Last renewal sent at 3 s - 100 ns with TTL 4 s, margin 1 s:
+			// the deadline is 6 s - 100 ns. An ID handed out by a call
+			// started at 6 s is a violation even though it is unique and
+			// in its block.
 			r1.Minted(6*sec, 6*sec+10, ids(f.blockA[0], 200))
 		}, nil, ErrAfterDeadline},
+		{"returned after the safety deadline (late return)", func(r1, r2 *Recorder, f *fakeRun) {
+			// The call started 100 ns before the deadline and returned
+			// 10 ns after it: nothing shows the ID existed before the
+			// deadline, so it is dated by its return.
+			r1.Minted(6*sec-200, 6*sec+10, ids(f.blockA[0], 200))
+		}, nil, ErrAfterDeadline},
+		{"returned after a new owner took the code (late return)", func(r1, r2 *Recorder, f *fakeRun) {
+			// p1 keeps renewing, and its call starts before p2's
+			// acquisition returned (10 s + 100 ns) but returns after it.
+			r1.Renewed(9*sec, 9*sec+100, 10, 4*time.Second)
+			r1.Minted(10*sec+50, 10*sec+150, ids(f.blockA[0], 300))
+		}, nil, ErrAfterNewOwner},
 		{"after a new owner took the code", func(r1, r2 *Recorder, f *fakeRun) {
 			// p1 keeps renewing (so its own deadline is not the issue) but
 			// p2 acquired the code at 10 s.
@@ -207,6 +225,83 @@ func TestCheckCatchesPlantedFaults(t *testing.T) {
 			}
 			t.Logf("caught: %v", err)
 		})
+	}
+}
+
+// Replies (IDs a replica handed out over MintBatch, Next or HTTP) are in
+// the same duplicate check as every history's IDs, and in the range check.
+func TestCheckRepliesJoinTheDuplicateCheck(t *testing.T) {
+	// The replica minted on its own code, w9, which no history holds.
+	own := func(offsets ...int64) []int64 {
+		var out []int64
+		for _, o := range offsets {
+			out = append(out, int64(segment.IDAt(linear(ms0+3000, o), region, 9)))
+		}
+		return out
+	}
+	histID := func(f *fakeRun) int64 { return f.p1.Mints[0].IDs[1] }
+	for _, tc := range []struct {
+		name    string
+		replies func(f *fakeRun) []Reply
+		want    error // nil: the run passes
+		where   []string
+	}{
+		{"distinct", func(f *fakeRun) []Reply {
+			return []Reply{{Source: "svc0 MintBatch", IDs: own(0, 1, 2)}, {Source: "svc1 HTTP", IDs: own(3, 4)}}
+		}, nil, nil},
+		{"a batch reply repeats a minter's ID", func(f *fakeRun) []Reply {
+			return []Reply{{Source: "svc0 MintBatch", Send: 7 * sec, Ret: 7*sec + 5, IDs: append(own(0, 1), histID(f))}}
+		}, ErrDuplicate, []string{"p1 (call returned at", "svc0 MintBatch (reply at"}},
+		{"an HTTP reply repeats a batch reply's ID", func(f *fakeRun) []Reply {
+			return []Reply{{Source: "svc0 MintBatch", IDs: own(0, 1)}, {Source: "svc1 HTTP", IDs: own(1)}}
+		}, ErrDuplicate, []string{"svc0 MintBatch", "svc1 HTTP"}},
+		{"a reply of another region", func(f *fakeRun) []Reply {
+			return []Reply{{Source: "svc0 Next", IDs: []int64{int64(segment.IDAt(linear(ms0+3000, 0), 2, 9))}}}
+		}, ErrOutOfRange, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeRun(t, nil)
+			f.replies = tc.replies(f)
+			rep := f.check(t)
+			var n int64
+			for _, r := range f.replies {
+				n += int64(len(r.IDs))
+			}
+			if rep.Replies != len(f.replies) || rep.ReplyIDs != n || rep.IDs != 8 {
+				t.Fatalf("counted replies=%d reply_ids=%d ids=%d, want %d, %d, 8", rep.Replies, rep.ReplyIDs, rep.IDs, len(f.replies), n)
+			}
+			err := rep.Err()
+			if tc.want == nil {
+				if err != nil {
+					t.Fatalf("Err() = %v, want nil", err)
+				}
+				return
+			}
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("Err() = %v, want %v", err, tc.want)
+			}
+			for _, w := range tc.where {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Err() = %v\ndoes not say where the duplicate came from (%q)", err, w)
+				}
+			}
+			t.Logf("caught: %v", err)
+		})
+	}
+}
+
+// A burned first step of a key (a code no history holds, whose first
+// grant nobody recorded) is a burned grant whose positions are unknown:
+// it started at the service's time, not at 0.
+func TestCheckBurnedFirstStepHasNoKnownPositions(t *testing.T) {
+	f := newFakeRun(t, nil)
+	f.hwm[9] = []int64{linear(ms0+3000, 0), linear(ms0+3100, 0)}
+	rep := f.check(t)
+	if err := rep.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if want := linear(ms0+5000, 0) - f.blockA[1] + linear(ms0+3100, 0) - linear(ms0+3000, 0); rep.BurnedGrants != 3 || rep.BurnedPosition != want {
+		t.Fatalf("burned grants %d positions %d, want 3 and %d (w3's step above A, w9's second step)", rep.BurnedGrants, rep.BurnedPosition, want)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -36,11 +37,18 @@ const DefaultFlushInterval = 20 * time.Millisecond
 // Recorder appends events to a history file. It is safe for concurrent use.
 // Lines are buffered and flushed every DefaultFlushInterval and on Close, so
 // a reader tailing the file sees events within a few tens of milliseconds.
+//
+// A history that misses events proves nothing, so a write error is never
+// swallowed: the first one sticks, every later event is dropped, and Err,
+// Flush and Close all report it. A process that hands out IDs must check
+// Err after recording them and stop minting once it is set (cmd/minter
+// exits 1 saying why).
 type Recorder struct {
-	mu  sync.Mutex
-	f   *os.File
-	w   *bufio.Writer
-	err error // first write error; later writes are dropped
+	mu     sync.Mutex
+	f      io.WriteCloser
+	w      *bufio.Writer
+	err    error // first write error; later events are dropped
+	closed bool  // Close ran; later events are dropped
 
 	stop chan struct{}
 	done chan struct{}
@@ -65,11 +73,21 @@ func Create(path string, h Header) (*Recorder, error) {
 	if err != nil {
 		return nil, errors.Wrap(err, "history: create")
 	}
+	return newRecorder(f, h)
+}
+
+// newRecorder writes h to f, flushes it and starts the flusher. Create's
+// seam: the tests give it a writer that fails.
+func newRecorder(f io.WriteCloser, h Header) (*Recorder, error) {
 	r := &Recorder{f: f, w: bufio.NewWriterSize(f, 64<<10), stop: make(chan struct{}), done: make(chan struct{})}
 	r.line("H name=%s pid=%d region=%d margin=%d start=%d wall=%d",
 		h.Name, h.PID, h.Region, int64(h.Margin), h.Start, h.Wall)
 	go r.flusher()
-	return r, r.Flush()
+	if err := r.Flush(); err != nil {
+		_ = r.Close()
+		return nil, err
+	}
+	return r, nil
 }
 
 func (r *Recorder) flusher() {
@@ -91,7 +109,7 @@ func (r *Recorder) flusher() {
 func (r *Recorder) line(format string, args ...any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.err != nil {
+	if r.err != nil || r.closed {
 		return
 	}
 	_, r.err = r.w.WriteString(fmt.Sprintf(format, args...))
@@ -134,7 +152,7 @@ func (r *Recorder) Minted(t0, t1 int64, ids []snowflake.ID) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.err != nil {
+	if r.err != nil || r.closed {
 		return
 	}
 	b := make([]byte, 0, 48+21*len(ids))
@@ -160,12 +178,28 @@ func (r *Recorder) Note(t int64, text string) {
 	r.line("N %d %s", t, strings.ReplaceAll(text, "\n", " "))
 }
 
-// Flush writes buffered events to the file.
+// Err is the first error writing the history (nil while every event so
+// far reached the buffer or the file). Once it is set the history misses
+// events: stop handing out IDs.
+func (r *Recorder) Err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil {
+		return errors.Wrap(r.err, "history: write")
+	}
+	return nil
+}
+
+// Flush writes buffered events to the file. It returns the first write
+// error, this flush's or an earlier one's.
 func (r *Recorder) Flush() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.err != nil {
 		return errors.Wrap(r.err, "history: write")
+	}
+	if r.closed {
+		return nil
 	}
 	if err := r.w.Flush(); err != nil {
 		r.err = err
@@ -174,7 +208,8 @@ func (r *Recorder) Flush() error {
 	return nil
 }
 
-// Close flushes and closes the file. Later events are dropped.
+// Close flushes and closes the file and returns the first write error, if
+// any. Later events are dropped; a second Close returns nil.
 func (r *Recorder) Close() error {
 	select {
 	case <-r.stop:
@@ -185,9 +220,7 @@ func (r *Recorder) Close() error {
 	<-r.done
 	err := r.Flush()
 	r.mu.Lock()
-	if r.err == nil {
-		r.err = errors.New("history: recorder closed")
-	}
+	r.closed = true
 	cerr := r.f.Close()
 	r.mu.Unlock()
 	if err != nil {

@@ -194,3 +194,64 @@ func FuzzParse(f *testing.F) {
 		_, _ = Check([]*History{h}, Config{Region: h.Region})
 	})
 }
+
+// failAfter is a file that takes n bytes and then fails every write, as a
+// full disk or a file size limit does.
+type failAfter struct {
+	n      int
+	closed bool
+}
+
+var errDiskFull = errors.New("no space left on device (test)")
+
+func (f *failAfter) Write(p []byte) (int, error) {
+	if len(p) > f.n {
+		k := f.n
+		f.n = 0
+		return k, errDiskFull
+	}
+	f.n -= len(p)
+	return len(p), nil
+}
+
+func (f *failAfter) Close() error { f.closed = true; return nil }
+
+// A write error sticks: Err, Flush and Close report it, and nothing is
+// written after it, so a minter can stop instead of dropping IDs silently.
+func TestRecorderReportsWriteErrors(t *testing.T) {
+	f := &failAfter{n: 200}
+	rec, err := newRecorder(f, Header{Name: "m0", PID: 1, Region: 1, Margin: time.Second, Start: 1, Wall: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rec.Err(); err != nil {
+		t.Fatalf("Err before any failure: %v", err)
+	}
+	for i := range 20 { // ~40 bytes each: past the 200 the file takes
+		rec.Minted(int64(i), int64(i)+1, []snowflake.ID{segment.IDAt(4096+int64(i), 1, 7)})
+	}
+	if err := rec.Flush(); !errors.Is(err, errDiskFull) {
+		t.Fatalf("Flush = %v, want the write error", err)
+	}
+	if err := rec.Err(); !errors.Is(err, errDiskFull) {
+		t.Fatalf("Err after the failed flush = %v, want the write error", err)
+	}
+	rec.Minted(100, 101, []snowflake.ID{segment.IDAt(5000, 1, 7)})
+	if err := rec.Close(); !errors.Is(err, errDiskFull) {
+		t.Fatalf("Close = %v, want the write error", err)
+	}
+	if !f.closed {
+		t.Fatal("Close did not close the file")
+	}
+}
+
+// A header that cannot be written fails Create's seam at once.
+func TestRecorderHeaderWriteFails(t *testing.T) {
+	f := &failAfter{n: 0}
+	if _, err := newRecorder(f, Header{Name: "m0", Region: 1, Start: 1, Wall: 1}); !errors.Is(err, errDiskFull) {
+		t.Fatalf("newRecorder = %v, want the write error", err)
+	}
+	if !f.closed {
+		t.Fatal("the file of a failed recorder was left open")
+	}
+}

@@ -11,6 +11,11 @@
 // a block, mints until SIGTERM/SIGINT or --duration, then closes the client
 // (giving the lease back), flushes the history and exits 0.
 //
+// If the history cannot be written (a full disk, a file size limit), IDs it
+// hands out would escape the checker: the minter stops minting at once,
+// closes the client and exits 1 naming the write error. Any exit other
+// than 0 after SIGTERM fails the fault suite's scenario.
+//
 // With --exit-on-stdin-eof the process exits when its stdin closes (its
 // parent test process is gone); what it reads from stdin is ignored. The
 // client reads only Go's monotonic clock, so there is no client clock to
@@ -165,16 +170,20 @@ func run(args []string) error {
 	}
 	fmt.Printf("READY %s %d\n", c.name, os.Getpid())
 
-	minted, failed := mint(ctx, c, cli, rec)
+	minted, failed, merr := mint(ctx, c, cli, rec)
 	cerr := cli.Close()
-	log.Info("stopped", "minted", minted, "failed_calls", failed, "close_err", cerr)
+	log.Info("stopped", "minted", minted, "failed_calls", failed, "close_err", cerr, "history_err", merr)
+	if merr != nil {
+		return merr
+	}
 	return rec.Close()
 }
 
 // mint hands out IDs at c.rate in calls of c.batch until ctx ends. Every ID
 // is recorded with the time before the call started (t0) and after it
-// returned (t1); a failed call is recorded with its class.
-func mint(ctx context.Context, c config, cli *rangeclient.Client, rec *history.Recorder) (minted, failed int64) {
+// returned (t1); a failed call is recorded with its class. It stops with an
+// error as soon as the history fails to record (see Recorder.Err).
+func mint(ctx context.Context, c config, cli *rangeclient.Client, rec *history.Recorder) (minted, failed int64, histErr error) {
 	interval := time.Duration(int64(time.Second) * int64(c.batch) / int64(c.rate))
 	buf := make([]snowflake.ID, 0, c.batch)
 	next := time.Now()
@@ -189,10 +198,13 @@ func mint(ctx context.Context, c config, cli *rangeclient.Client, rec *history.R
 		t1 := history.Now()
 		rec.Minted(t0, t1, ids)
 		minted += int64(len(ids))
+		if rerr := rec.Err(); rerr != nil {
+			return minted, failed, fmt.Errorf("stopped minting after %d IDs: the history misses events since its last flush: %w", minted, rerr)
+		}
 		wait := time.Duration(0)
 		if err != nil {
 			if ctx.Err() != nil {
-				return minted, failed
+				return minted, failed, nil
 			}
 			failed++
 			rec.MintFailed(t0, t1, classify(err))
@@ -213,7 +225,7 @@ func mint(ctx context.Context, c config, cli *rangeclient.Client, rec *history.R
 			}
 		}
 	}
-	return minted, failed
+	return minted, failed, nil
 }
 
 // classify names a minting error in one word for the history.
