@@ -3,10 +3,10 @@
 #
 #   docker build --build-arg VERSION=v1.2.3 -t idrange/rangesvc:v1.2.3 .
 #
-# Without Docker (CI does this): go run ./internal/cmd/mkimage -version v1.2.3
+# Without Docker (CI does this): go run ./internal/tools/mkimage -version v1.2.3
 # -tar rangesvc.tar -verify, then `docker load -i` / `podman load -i` it, or
 # push the OCI layout (-oci DIR) with skopeo or crane. The two give the same
-# image layout; a test (internal/cmd/mkimage TestDockerfileMatches) keeps
+# image layout; a test (internal/tools/mkimage TestDockerfileMatches) keeps
 # this file in step with the builder.
 # docs/operations.md, "Container image and Kubernetes".
 
@@ -18,7 +18,7 @@ RUN go mod download
 COPY . .
 ARG VERSION=devel
 RUN CGO_ENABLED=0 GOOS=linux go build -trimpath \
-      -ldflags "-s -w -X github.com/idrange/idrange/internal/buildinfo.Version=${VERSION}" \
+      -ldflags "-s -w -X github.com/idrange/idrange/internal/server/buildinfo.Version=${VERSION}" \
       -o /out/rangesvc ./cmd/rangesvc
 
 FROM scratch

@@ -28,7 +28,7 @@
 // stops when its stdin closes and, on Linux, when this process dies.
 //
 // Verification: every ID is kept (8 bytes each) and checked with
-// internal/idcheck at the end: unique, timestamp inside the run (plus the
+// internal/testing/idcheck at the end: unique, timestamp inside the run (plus the
 // service's maximum lead), code one of the fleet's leased codes. Report.Err
 // is non-nil on any failure. Workers that minted nothing (starved by an
 // overloaded store) are listed, but are a liveness problem, not a
@@ -49,11 +49,11 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/internal/clock"
-	"github.com/idrange/idrange/internal/hdr"
-	"github.com/idrange/idrange/internal/idcheck"
-	"github.com/idrange/idrange/internal/machine"
-	"github.com/idrange/idrange/internal/region"
-	"github.com/idrange/idrange/internal/report"
+	"github.com/idrange/idrange/internal/server/region"
+	"github.com/idrange/idrange/internal/testing/hdr"
+	"github.com/idrange/idrange/internal/testing/idcheck"
+	"github.com/idrange/idrange/internal/testing/machine"
+	"github.com/idrange/idrange/internal/testing/report"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"

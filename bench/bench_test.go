@@ -14,9 +14,9 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/idrange/idrange/internal/idcheck"
-	"github.com/idrange/idrange/internal/region/regiontest"
-	"github.com/idrange/idrange/internal/report/reporttest"
+	"github.com/idrange/idrange/internal/server/region/regiontest"
+	"github.com/idrange/idrange/internal/testing/idcheck"
+	"github.com/idrange/idrange/internal/testing/report/reporttest"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idrange/idrange/internal/report"
+	"github.com/idrange/idrange/internal/testing/report"
 )
 
 // WriteJSON writes the report as indented JSON.

@@ -17,8 +17,8 @@ import (
 	"gonum.org/v1/plot/vg/vgimg"
 	"gonum.org/v1/plot/vg/vgsvg"
 
-	"github.com/idrange/idrange/internal/machine"
-	"github.com/idrange/idrange/internal/report"
+	"github.com/idrange/idrange/internal/testing/machine"
+	"github.com/idrange/idrange/internal/testing/report"
 	"github.com/idrange/idrange/segment"
 )
 

@@ -27,7 +27,7 @@
 // counted by a client interceptor, etcd writes by a counter on the service's
 // store (successful grants, acquisitions and releases), and every 64-bit ID
 // (up to Config.VerifyMax per strategy) is checked unique and in range with
-// internal/idcheck (a peer's IDs for uniqueness, and their timestamps, as
+// internal/testing/idcheck (a peer's IDs for uniqueness, and their timestamps, as
 // the library decodes them, for range).
 //
 // The figures include the harness: two clock readings and a histogram
@@ -47,10 +47,10 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/idrange/idrange/internal/hdr"
-	"github.com/idrange/idrange/internal/idcheck"
-	"github.com/idrange/idrange/internal/machine"
-	"github.com/idrange/idrange/internal/report"
+	"github.com/idrange/idrange/internal/testing/hdr"
+	"github.com/idrange/idrange/internal/testing/idcheck"
+	"github.com/idrange/idrange/internal/testing/machine"
+	"github.com/idrange/idrange/internal/testing/report"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -70,7 +70,7 @@ const (
 var ErrVerify = errors.New("compare: verification failed")
 
 // Region is the range service the network strategies talk to.
-// internal/region.Region implements it.
+// internal/server/region.Region implements it.
 type Region interface {
 	// RegionID is the region code the service serves.
 	RegionID() int

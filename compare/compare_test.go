@@ -11,10 +11,10 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/idrange/idrange/internal/region"
-	"github.com/idrange/idrange/internal/region/regiontest"
-	"github.com/idrange/idrange/internal/report/reporttest"
-	"github.com/idrange/idrange/internal/service"
+	"github.com/idrange/idrange/internal/server/region"
+	"github.com/idrange/idrange/internal/server/region/regiontest"
+	"github.com/idrange/idrange/internal/server/service"
+	"github.com/idrange/idrange/internal/testing/report/reporttest"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"

@@ -8,15 +8,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idrange/idrange/internal/grpctest"
-	"github.com/idrange/idrange/internal/service"
-	"github.com/idrange/idrange/internal/wire"
+	"github.com/idrange/idrange/internal/server/service"
+	"github.com/idrange/idrange/internal/server/wire"
+	"github.com/idrange/idrange/internal/testing/grpctest"
 	"github.com/idrange/idrange/rangeclient/rangeclienttest"
 	"github.com/idrange/idrange/segment"
 )
 
 // The errors New returns when the service refuses the first lease, after
-// crossing a real gRPC server (internal/service over the in-memory fake):
+// crossing a real gRPC server (internal/server/service over the in-memory fake):
 // each matches its sentinels with the standard library's errors.Is, says
 // whether it is retryable, and is one line.
 func TestNewErrorsThroughGRPCMatchStdlibErrorsIs(t *testing.T) {

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
-	"github.com/idrange/idrange/internal/service"
+	"github.com/idrange/idrange/internal/server/service"
 	"github.com/idrange/idrange/rangeclient/rangeclienttest"
 	"github.com/idrange/idrange/segment"
 )
@@ -21,7 +21,7 @@ import (
 // Region discovery: with Targets and Config.Region 0 the client takes the
 // replica's region from GetReplicaInfo; a non-zero Region that disagrees is
 // ErrInvalidConfig before any lease is taken. The replicas here are the real
-// gRPC service (internal/service) on 127.0.0.1 over an in-memory store, so
+// gRPC service (internal/server/service) on 127.0.0.1 over an in-memory store, so
 // these run in well under a second without etcd.
 
 // replicaInfoServer is a RangeService whose GetReplicaInfo answer can be

@@ -7,7 +7,7 @@ import (
 
 // Caller identities bind leases to the authenticated caller that acquired
 // them. The range service verifies the caller's certificate (mutual TLS),
-// turns it into an identity string (see internal/authz: "uri:...",
+// turns it into an identity string (see internal/server/authz: "uri:...",
 // "dns:..." or "cn:...") and passes it to the Store in the call's context
 // with WithIdentity. The Store then:
 //

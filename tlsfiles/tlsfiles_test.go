@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idrange/idrange/internal/testpki"
+	"github.com/idrange/idrange/internal/testing/testpki"
 	"github.com/idrange/idrange/tlsfiles"
 )
 

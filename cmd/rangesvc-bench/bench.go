@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/idrange/idrange/bench"
-	"github.com/idrange/idrange/internal/cli"
+	"github.com/idrange/idrange/internal/server/cli"
 	"github.com/idrange/idrange/rangeclient"
 )
 

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/idrange/idrange/bench"
-	"github.com/idrange/idrange/internal/cli"
+	"github.com/idrange/idrange/internal/server/cli"
 )
 
 // A --cpu-hog outside 0..MaxCPUHog is a usage error whose one line names

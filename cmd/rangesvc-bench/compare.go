@@ -11,9 +11,9 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/compare"
-	"github.com/idrange/idrange/internal/cli"
-	"github.com/idrange/idrange/internal/region"
-	"github.com/idrange/idrange/internal/service"
+	"github.com/idrange/idrange/internal/server/cli"
+	"github.com/idrange/idrange/internal/server/region"
+	"github.com/idrange/idrange/internal/server/service"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 )

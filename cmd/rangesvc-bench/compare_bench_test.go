@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/idrange/idrange/compare"
-	"github.com/idrange/idrange/internal/cli"
+	"github.com/idrange/idrange/internal/server/cli"
 )
 
 func TestCompareAndBenchUsage(t *testing.T) {

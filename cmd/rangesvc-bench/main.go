@@ -23,7 +23,7 @@ import (
 	"os"
 
 	"github.com/idrange/idrange/bench"
-	"github.com/idrange/idrange/internal/cli"
+	"github.com/idrange/idrange/internal/server/cli"
 )
 
 // prog is the name the measurement commands report under: they are the

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/idrange/idrange/internal/cli"
+	"github.com/idrange/idrange/internal/server/cli"
 )
 
 // reportFlags is the command line bench and compare share: a usage text

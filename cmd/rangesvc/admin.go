@@ -22,13 +22,13 @@ import (
 	"google.golang.org/grpc/status"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
-	"github.com/idrange/idrange/internal/admin"
-	"github.com/idrange/idrange/internal/cli"
+	"github.com/idrange/idrange/internal/server/admin"
+	"github.com/idrange/idrange/internal/server/cli"
 	"github.com/idrange/idrange/snowflake"
 )
 
 // `rangesvc admin` talks to the AdminService of the replicas (see
-// internal/admin for why through the service and not to etcd directly).
+// internal/server/admin for why through the service and not to etcd directly).
 
 const adminUsage = `usage: rangesvc admin <command> --target ADDR[,ADDR...] [-o table|json] [flags]
 

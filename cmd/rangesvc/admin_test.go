@@ -12,10 +12,10 @@ import (
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 
-	"github.com/idrange/idrange/internal/cli"
-	"github.com/idrange/idrange/internal/embedetcd/embedetcdtest"
-	"github.com/idrange/idrange/internal/region"
-	"github.com/idrange/idrange/internal/region/regiontest"
+	"github.com/idrange/idrange/internal/server/cli"
+	"github.com/idrange/idrange/internal/server/embedetcd/embedetcdtest"
+	"github.com/idrange/idrange/internal/server/region"
+	"github.com/idrange/idrange/internal/server/region/regiontest"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"

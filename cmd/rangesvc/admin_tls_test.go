@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idrange/idrange/internal/cli"
-	"github.com/idrange/idrange/internal/testenv"
+	"github.com/idrange/idrange/internal/server/cli"
+	"github.com/idrange/idrange/internal/testing/testenv"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/tlsfiles"
 )

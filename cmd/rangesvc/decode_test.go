@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idrange/idrange/internal/cli"
+	"github.com/idrange/idrange/internal/server/cli"
 	"github.com/idrange/idrange/snowflake"
 )
 

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idrange/idrange/internal/embedetcd/embedetcdtest"
-	"github.com/idrange/idrange/internal/testenv"
+	"github.com/idrange/idrange/internal/server/embedetcd/embedetcdtest"
+	"github.com/idrange/idrange/internal/testing/testenv"
 	"github.com/idrange/idrange/rangeclient"
 )
 

@@ -16,12 +16,12 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
-	"github.com/idrange/idrange/internal/cli"
-	"github.com/idrange/idrange/internal/embedetcd/embedetcdtest"
-	"github.com/idrange/idrange/internal/region/regiontest"
-	"github.com/idrange/idrange/internal/service"
-	"github.com/idrange/idrange/internal/testenv"
-	"github.com/idrange/idrange/internal/wire"
+	"github.com/idrange/idrange/internal/server/cli"
+	"github.com/idrange/idrange/internal/server/embedetcd/embedetcdtest"
+	"github.com/idrange/idrange/internal/server/region/regiontest"
+	"github.com/idrange/idrange/internal/server/service"
+	"github.com/idrange/idrange/internal/server/wire"
+	"github.com/idrange/idrange/internal/testing/testenv"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idrange/idrange/internal/cli"
+	"github.com/idrange/idrange/internal/server/cli"
 )
 
 // A release build has no fault flags: serve rejects them as unknown (exit

@@ -15,7 +15,7 @@ import (
 )
 
 // This file is compiled only with -tags idrange_faults, the build the fault
-// suite and the end-to-end tests run (internal/testenv.FaultBinary). A
+// suite and the end-to-end tests run (internal/testing/testenv.FaultBinary). A
 // release build has neither these flags nor the SIGUSR1 handler.
 
 // faultsBuild reports whether the test-only fault hooks are compiled in.

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idrange/idrange/internal/cli"
+	"github.com/idrange/idrange/internal/server/cli"
 )
 
 // The fault build (-tags idrange_faults) accepts the fault flags and lists

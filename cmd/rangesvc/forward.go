@@ -9,7 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 
-	"github.com/idrange/idrange/internal/cli"
+	"github.com/idrange/idrange/internal/server/cli"
 )
 
 // benchBinary is the binary that holds the measurement commands.

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idrange/idrange/internal/cli"
+	"github.com/idrange/idrange/internal/server/cli"
 )
 
 // `rangesvc compare` and `rangesvc bench` run rangesvc-bench with the same

@@ -20,7 +20,7 @@ import (
 	"context"
 	"io"
 
-	"github.com/idrange/idrange/internal/cli"
+	"github.com/idrange/idrange/internal/server/cli"
 )
 
 // prog is the binary's name in messages.

@@ -24,8 +24,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
-	"github.com/idrange/idrange/internal/promrule"
-	"github.com/idrange/idrange/internal/testpki"
+	"github.com/idrange/idrange/internal/testing/testpki"
+	"github.com/idrange/idrange/internal/tools/promrule"
 )
 
 // The Kubernetes manifests of deploy/kubernetes (docs/operations.md,

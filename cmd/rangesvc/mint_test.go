@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idrange/idrange/internal/cli"
+	"github.com/idrange/idrange/internal/server/cli"
 	"github.com/idrange/idrange/snowflake"
 )
 

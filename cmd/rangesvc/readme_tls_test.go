@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idrange/idrange/internal/testenv"
+	"github.com/idrange/idrange/internal/testing/testenv"
 )
 
 // The README's openssl example works as written: its openssl commands make

@@ -10,8 +10,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/idrange/idrange/internal/region"
-	"github.com/idrange/idrange/internal/regionid"
+	"github.com/idrange/idrange/internal/server/region"
+	"github.com/idrange/idrange/internal/server/regionid"
 	"github.com/idrange/idrange/segment/etcdstore"
 	"github.com/idrange/idrange/tlsfiles"
 )

@@ -15,12 +15,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/idrange/idrange/internal/buildinfo"
-	"github.com/idrange/idrange/internal/cli"
 	"github.com/idrange/idrange/internal/clock"
-	"github.com/idrange/idrange/internal/embedetcd"
-	"github.com/idrange/idrange/internal/region"
-	"github.com/idrange/idrange/internal/service"
+	"github.com/idrange/idrange/internal/server/buildinfo"
+	"github.com/idrange/idrange/internal/server/cli"
+	"github.com/idrange/idrange/internal/server/embedetcd"
+	"github.com/idrange/idrange/internal/server/region"
+	"github.com/idrange/idrange/internal/server/service"
 )
 
 // runServe runs one range-service replica until ctx ends (SIGINT/SIGTERM),

@@ -11,10 +11,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idrange/idrange/internal/cli"
-	"github.com/idrange/idrange/internal/etcdspace"
-	"github.com/idrange/idrange/internal/region"
-	"github.com/idrange/idrange/internal/service"
+	"github.com/idrange/idrange/internal/server/cli"
+	"github.com/idrange/idrange/internal/server/etcdspace"
+	"github.com/idrange/idrange/internal/server/region"
+	"github.com/idrange/idrange/internal/server/service"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/segment/etcdstore"
 	"github.com/idrange/idrange/snowflake"
@@ -59,7 +59,7 @@ type serveConfig struct {
 	// EtcdClientURL / EtcdPeerURL (--etcd-client-url, --etcd-peer-url,
 	// defaults https://127.0.0.1:2379 and :2380) are the embedded etcd's
 	// addresses: https only, and client certificates of the PKI in
-	// <DataDir>/pki required on both (internal/embedetcd); a non-loopback
+	// <DataDir>/pki required on both (internal/server/embedetcd); a non-loopback
 	// host needs --insecure. Other replicas can point --etcd at the client
 	// URL with that PKI's files (--etcd-cacert, --etcd-cert, --etcd-key).
 	EtcdClientURL, EtcdPeerURL string
@@ -99,7 +99,7 @@ type serveConfig struct {
 	// ConfigFile (--config FILE) is the YAML file the flags were read from
 	// ("" without one); flags on the command line override it.
 	ConfigFile string
-	// History compaction and space (internal/etcdspace, docs/operations.md).
+	// History compaction and space (internal/server/etcdspace, docs/operations.md).
 	//
 	// CompactionInterval (--compaction-interval, default 5m; 0 = off) is how
 	// often the replica holding the compactor key compacts etcd's history.

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idrange/idrange/internal/cli"
+	"github.com/idrange/idrange/internal/server/cli"
 )
 
 func writeFile(t *testing.T, body string) string {

@@ -10,8 +10,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/idrange/idrange/internal/embedetcd/embedetcdtest"
-	"github.com/idrange/idrange/internal/testenv"
+	"github.com/idrange/idrange/internal/server/embedetcd/embedetcdtest"
+	"github.com/idrange/idrange/internal/testing/testenv"
 	"github.com/idrange/idrange/segment/etcdstore"
 )
 

@@ -12,9 +12,9 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/idrange/idrange/internal/cli"
-	"github.com/idrange/idrange/internal/service"
-	"github.com/idrange/idrange/internal/testenv"
+	"github.com/idrange/idrange/internal/server/cli"
+	"github.com/idrange/idrange/internal/server/service"
+	"github.com/idrange/idrange/internal/testing/testenv"
 	"github.com/idrange/idrange/snowflake"
 )
 

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idrange/idrange/internal/testenv"
+	"github.com/idrange/idrange/internal/testing/testenv"
 )
 
 // The HTTP/JSON API of a mutual-TLS replica is no weaker door than its gRPC

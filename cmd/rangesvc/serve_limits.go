@@ -12,8 +12,8 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idrange/idrange/internal/connlimit"
-	"github.com/idrange/idrange/internal/service"
+	"github.com/idrange/idrange/internal/server/connlimit"
+	"github.com/idrange/idrange/internal/server/service"
 )
 
 // Connection limits of `rangesvc serve` (docs/operations.md, "Connection

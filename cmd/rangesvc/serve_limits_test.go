@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idrange/idrange/internal/cli"
-	"github.com/idrange/idrange/internal/service"
+	"github.com/idrange/idrange/internal/server/cli"
+	"github.com/idrange/idrange/internal/server/service"
 	"github.com/idrange/idrange/tlsfiles"
 )
 

@@ -14,8 +14,8 @@ import (
 	"github.com/cockroachdb/errors"
 	"go.uber.org/zap"
 
-	"github.com/idrange/idrange/internal/cli"
-	"github.com/idrange/idrange/internal/testenv"
+	"github.com/idrange/idrange/internal/server/cli"
+	"github.com/idrange/idrange/internal/testing/testenv"
 )
 
 // A cockroachdb error (which carries a stack trace for %+v) logs as one

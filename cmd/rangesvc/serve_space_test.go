@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idrange/idrange/internal/cli"
-	"github.com/idrange/idrange/internal/etcdspace"
-	"github.com/idrange/idrange/internal/testenv"
+	"github.com/idrange/idrange/internal/server/cli"
+	"github.com/idrange/idrange/internal/server/etcdspace"
+	"github.com/idrange/idrange/internal/testing/testenv"
 )
 
 // The compaction and quota flags: bad values exit 2 naming the flag; the

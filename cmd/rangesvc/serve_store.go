@@ -6,8 +6,8 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/idrange/idrange/internal/region"
-	"github.com/idrange/idrange/internal/service"
+	"github.com/idrange/idrange/internal/server/region"
+	"github.com/idrange/idrange/internal/server/service"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 )

@@ -3,7 +3,7 @@ package main
 import (
 	"flag"
 
-	"github.com/idrange/idrange/internal/cli"
+	"github.com/idrange/idrange/internal/server/cli"
 )
 
 // targetFlag registers --target, the replicas a client command talks to:

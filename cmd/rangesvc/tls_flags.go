@@ -13,10 +13,10 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/idrange/idrange/internal/authz"
-	"github.com/idrange/idrange/internal/cli"
-	"github.com/idrange/idrange/internal/etcdclient"
-	"github.com/idrange/idrange/internal/region"
+	"github.com/idrange/idrange/internal/server/authz"
+	"github.com/idrange/idrange/internal/server/cli"
+	"github.com/idrange/idrange/internal/server/etcdclient"
+	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/tlsfiles"
 )

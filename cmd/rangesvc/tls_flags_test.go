@@ -16,10 +16,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idrange/idrange/internal/cli"
-	"github.com/idrange/idrange/internal/etcdclient/etcdclienttest"
-	"github.com/idrange/idrange/internal/testenv"
-	"github.com/idrange/idrange/internal/testpki"
+	"github.com/idrange/idrange/internal/server/cli"
+	"github.com/idrange/idrange/internal/server/etcdclient/etcdclienttest"
+	"github.com/idrange/idrange/internal/testing/testenv"
+	"github.com/idrange/idrange/internal/testing/testpki"
 )
 
 // testPKI writes a CA, a server certificate and client certificates for

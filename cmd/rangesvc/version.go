@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/idrange/idrange/internal/buildinfo"
-	"github.com/idrange/idrange/internal/cli"
+	"github.com/idrange/idrange/internal/server/buildinfo"
+	"github.com/idrange/idrange/internal/server/cli"
 )
 
 // runVersion prints the binary's build: module version, VCS revision (and

@@ -11,9 +11,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idrange/idrange/internal/buildinfo"
-	"github.com/idrange/idrange/internal/cli"
-	"github.com/idrange/idrange/internal/testenv"
+	"github.com/idrange/idrange/internal/server/buildinfo"
+	"github.com/idrange/idrange/internal/server/cli"
+	"github.com/idrange/idrange/internal/testing/testenv"
 )
 
 // runBinary runs bin with args and returns its stdout, failing t on a
@@ -92,7 +92,7 @@ func TestVersionLdflagsSubprocess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the rangesvc binary")
 	}
-	bin := testenv.BuildWith(t, "-ldflags=-X github.com/idrange/idrange/internal/buildinfo.Version=v1.2.3")
+	bin := testenv.BuildWith(t, "-ldflags=-X github.com/idrange/idrange/internal/server/buildinfo.Version=v1.2.3")
 	if got := versionJSON(t, bin); got.Version != "v1.2.3" {
 		t.Fatalf("version = %q, want v1.2.3 (set by -ldflags -X)", got.Version)
 	}

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idrange/idrange/internal/testenv"
+	"github.com/idrange/idrange/internal/testing/testenv"
 )
 
 func TestMain(m *testing.M) {

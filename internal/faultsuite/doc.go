@@ -11,12 +11,12 @@
 //     which makes etcd's minimum lease TTL 3 s; the suite asks for 4 s.
 //   - cmd/minter: a rangeclient that mints continuously and appends every ID
 //     it hands out, and every lease and block call its client makes (through
-//     a gRPC interceptor), to its own history file (internal/history). If
+//     a gRPC interceptor), to its own history file (internal/faultsuite/history). If
 //     the file stops taking writes it stops minting and exits 1 saying why.
 //
 // Each scenario starts its own deployment: the etcd cluster, two
 // `rangesvc serve --etcd` replicas for region 1 (each reaching every etcd
-// member through its own internal/faultproxy, so one replica can be cut off
+// member through its own internal/faultsuite/faultproxy, so one replica can be cut off
 // or slowed), and three minters. It injects its faults, stops the minters,
 // replays every value the region's high-water-mark keys ever held from
 // etcd's MVCC history, and fails unless (suite.collect):
@@ -31,7 +31,7 @@
 //     in range; and for the minters' IDs, per-client order, no ID whose
 //     call returned after the client's safety deadline or after its code
 //     passed to a new owner (IDs are dated by the return of their call: see
-//     internal/history's doc), every ID inside a block its client received,
+//     internal/faultsuite/history's doc), every ID inside a block its client received,
 //     blocks never overlapping, every block a committed HWM step.
 //
 // Each of these has a planted control that must fail the run: a duplicate

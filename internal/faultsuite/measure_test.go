@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idrange/idrange/internal/history"
+	"github.com/idrange/idrange/internal/faultsuite/history"
 )
 
 // The measurements behind issue 9's acceptance scenarios, on hand-made

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idrange/idrange/internal/history"
+	"github.com/idrange/idrange/internal/faultsuite/history"
 )
 
 // reportEnv names the file the figures of every scenario are appended to

@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
-	"github.com/idrange/idrange/internal/history"
+	"github.com/idrange/idrange/internal/faultsuite/history"
 	"github.com/idrange/idrange/snowflake"
 )
 

@@ -16,8 +16,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/idrange/idrange/internal/faultproxy"
-	"github.com/idrange/idrange/internal/history"
+	"github.com/idrange/idrange/internal/faultsuite/faultproxy"
+	"github.com/idrange/idrange/internal/faultsuite/history"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/segment/etcdstore"
 	"github.com/idrange/idrange/snowflake"

@@ -24,7 +24,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idrange/idrange/internal/overlap"
+	"github.com/idrange/idrange/internal/testing/overlap"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/segment/memstore"
 	"github.com/idrange/idrange/snowflake"

@@ -20,9 +20,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idrange/idrange/internal/clock"
-	"github.com/idrange/idrange/internal/embedetcd"
-	"github.com/idrange/idrange/internal/embedetcd/embedetcdtest"
-	"github.com/idrange/idrange/internal/testenv"
+	"github.com/idrange/idrange/internal/server/embedetcd"
+	"github.com/idrange/idrange/internal/server/embedetcd/embedetcdtest"
+	"github.com/idrange/idrange/internal/testing/testenv"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/segment/etcdstore"
 	"github.com/idrange/idrange/segment/segmenttest"

@@ -1,7 +1,7 @@
 // Command minter is the fault suite's client process: a rangeclient that
 // mints IDs continuously at a steady rate and appends every ID it hands out,
 // and every lease and block call its client makes, to its own history file
-// (internal/history), so a checker can prove after the run that nothing was
+// (internal/faultsuite/history), so a checker can prove after the run that nothing was
 // handed out twice or after the process's safety deadline.
 //
 //	minter --targets 127.0.0.1:7001,127.0.0.1:7002 --region 1 --name m0 \
@@ -38,7 +38,7 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/idrange/idrange/internal/history"
+	"github.com/idrange/idrange/internal/faultsuite/history"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/snowflake"
 	"github.com/idrange/idrange/tlsfiles"
