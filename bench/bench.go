@@ -4,7 +4,7 @@
 // with a burst profile, per-ID latency, refills, stalls, etcd writes, and a
 // uniqueness and range check of every ID minted.
 //
-// Layout: one in-process region (segment.Store + service + gRPC server on
+// Layout: one in-process region (store.Store + service + gRPC server on
 // 127.0.0.1) per region code; by default all regions share one embedded
 // etcd (Config.EtcdPerRegion gives each its own). Each worker has its own
 // client and its own gRPC connection, as separate processes would.
@@ -47,6 +47,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/idrange/idrange/internal/server/store"
 
 	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/server/region"
@@ -109,8 +110,8 @@ type Config struct {
 	// FixedBlock, PrefetchThreshold, ...); Targets, Region and Owner are set
 	// per worker.
 	Client rangeclient.Config
-	// Store tunes each region's segment.Store.
-	Store segment.StoreConfig
+	// Store tunes each region's store.Store.
+	Store store.Config
 	// EtcdPerRegion gives each region its own embedded etcd instead of one
 	// shared by all.
 	EtcdPerRegion bool

@@ -157,7 +157,9 @@ func TestOutOfRangeIDFailsTheRun(t *testing.T) {
 			var once sync.Once
 			rep := runWithSink(t, 300*time.Millisecond, func(region, _ int, ids []snowflake.ID) []snowflake.ID {
 				if plant.onlyRegion < 0 || region == plant.onlyRegion {
-					once.Do(func() { ids = append(ids, segment.IDAt(segment.Linear(ids[0]), plant.region, plant.code)) })
+					once.Do(func() {
+						ids = append(ids, segment.Block{Region: plant.region, Worker: plant.code}.ID(segment.Linear(ids[0])))
+					})
 				}
 				return ids
 			})

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -186,8 +187,8 @@ func (c Config) withDefaults() Config {
 			host = "unknown-host"
 		}
 		c.Owner = fmt.Sprintf("%s/%d", host, os.Getpid())
-		if len(c.Owner) > segment.MaxOwnerLen {
-			c.Owner = c.Owner[:segment.MaxOwnerLen]
+		if len(c.Owner) > store.MaxOwnerLen {
+			c.Owner = c.Owner[:store.MaxOwnerLen]
 			for !utf8.ValidString(c.Owner) {
 				c.Owner = c.Owner[:len(c.Owner)-1]
 			}
@@ -244,7 +245,7 @@ func (c Config) Validate() error {
 	if err := checkTargets(c.Targets); err != nil {
 		return err
 	}
-	if err := segment.ValidateOwner(c.Owner); err != nil {
+	if err := store.ValidateOwner(c.Owner); err != nil {
 		return bad("Config.Owner: %w", err)
 	}
 	switch {

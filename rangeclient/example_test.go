@@ -30,7 +30,7 @@ func ExampleNew() {
 }
 
 // The same against an in-process range service (here the in-memory one from
-// rangeclienttest; the service itself passes its segment.Store).
+// rangeclienttest; the service itself passes its store.Store).
 func ExampleClient_Next() {
 	ctx := context.Background()
 	svc := rangeclienttest.New(rangeclienttest.Options{Region: 2})

@@ -11,13 +11,14 @@ import (
 	"github.com/idrange/idrange/internal/server/embedetcd/embedetcdtest"
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/region/regiontest"
+	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/rangeclient/rangeclienttest"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
 
 // These tests run the client against real in-process regions: embedded
-// etcd, segment.Store, the gRPC service on 127.0.0.1:0. They take seconds
+// etcd, store.Store, the gRPC service on 127.0.0.1:0. They take seconds
 // of real time each and are skipped with -short.
 
 // etcd's shortest lease with the test raft timings (1.5 election timeouts).
@@ -31,7 +32,7 @@ func realRegion(t *testing.T, replicas int) []*region.Region {
 	etcd := embedetcdtest.Start(t)
 	rs := make([]*region.Region, replicas)
 	for i := range rs {
-		rs[i] = regiontest.Start(t, region.Config{Region: 1, Etcd: etcd, Store: segment.StoreConfig{LeaseTTL: realTTL}})
+		rs[i] = regiontest.Start(t, region.Config{Region: 1, Etcd: etcd, Store: store.Config{LeaseTTL: realTTL}})
 	}
 	return rs
 }
@@ -173,7 +174,7 @@ func TestRealRegionCase4PausedOwner(t *testing.T) {
 
 	// The store picks codes at random: hold every other code of the region
 	// (on a replica with long leases), so the only code B can get is A's.
-	filler := regiontest.Start(t, region.Config{Region: 1, Etcd: rs[0].Etcd(), Store: segment.StoreConfig{LeaseTTL: time.Minute}})
+	filler := regiontest.Start(t, region.Config{Region: 1, Etcd: rs[0].Etcd(), Store: store.Config{LeaseTTL: time.Minute}})
 	ctx := context.Background()
 	var fillers []segment.Lease
 	for {

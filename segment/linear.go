@@ -6,17 +6,17 @@ import "github.com/idrange/idrange/snowflake"
 // L = ms<<12 | seq (see docs/layout.md). Blocks and high-water marks are
 // ranges and points of L; these two functions convert between L and IDs.
 
-// IDAt returns the ID at linear position l of code (region, worker). It does
+// idAt returns the ID at linear position l of code (region, worker). It does
 // not validate: callers hold l inside a granted block, so 0 <= l < EndL and
 // the code is in range.
-func IDAt(l int64, region, worker int) snowflake.ID {
+func idAt(l int64, region, worker int) snowflake.ID {
 	return snowflake.ID((l>>snowflake.SequenceBits)<<(snowflake.SequenceBits+snowflake.WorkerBits+snowflake.RegionBits) |
 		int64(region)<<(snowflake.SequenceBits+snowflake.WorkerBits) |
 		int64(worker)<<snowflake.SequenceBits |
 		l&snowflake.MaxSequence)
 }
 
-// Linear is the inverse of IDAt: id's linear position ms<<12 | seq within
+// Linear is the inverse of Block.ID: id's linear position ms<<12 | seq within
 // its code's space.
 func Linear(id snowflake.ID) int64 {
 	return id.Ms()<<snowflake.SequenceBits | int64(id.Sequence())

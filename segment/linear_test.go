@@ -7,7 +7,7 @@ import (
 	"github.com/idrange/idrange/snowflake"
 )
 
-// FuzzLinear: every ID round-trips through its linear position, and IDAt
+// FuzzLinear: every ID round-trips through its linear position, and Block.ID
 // builds the same ID as snowflake.Compose from the same fields.
 func FuzzLinear(f *testing.F) {
 	f.Add(int64(0), 0, 0, 1)
@@ -22,8 +22,8 @@ func FuzzLinear(f *testing.F) {
 		if want := ms<<snowflake.SequenceBits | int64(seq); l != want {
 			t.Fatalf("Linear(%d) = %d, want ms<<12|seq = %d", id, l, want)
 		}
-		if back := segment.IDAt(l, region, worker); back != id {
-			t.Fatalf("IDAt(Linear(%d)) = %d: Linear/IDAt do not round-trip", id, back)
+		if back := (segment.Block{Region: region, Worker: worker}).ID(l); back != id {
+			t.Fatalf("Block.ID(Linear(%d)) = %d: Linear/Block.ID do not round-trip", id, back)
 		}
 	})
 }

@@ -131,16 +131,16 @@ type Grant struct {
 // Plan is pure: whatever now says, Lo >= hwm and Hi > Lo on success, so
 // successive plans that each raise hwm to the previous Hi never overlap.
 func (p Policy) Plan(hwm int64, now time.Time, n int64) (Grant, error) {
-	lo, hi, err := p.PlanMs(hwm, snowflake.MsSince(now), n)
+	lo, hi, err := p.planMs(hwm, snowflake.MsSince(now), n)
 	if err != nil {
 		return Grant{}, err
 	}
 	return Grant{Lo: lo, Hi: hi, ServiceTime: now, ValidUntil: ValidUntil(hi)}, nil
 }
 
-// PlanMs is Plan with the service time as milliseconds since snowflake.Epoch.
+// planMs is Plan with the service time as milliseconds since snowflake.Epoch.
 // The policy must be valid (Validate); an invalid one is ErrInvalid.
-func (p Policy) PlanMs(hwm, nowMs, n int64) (lo, hi int64, err error) {
+func (p Policy) planMs(hwm, nowMs, n int64) (lo, hi int64, err error) {
 	if err := p.Validate(); err != nil {
 		return 0, 0, err
 	}

@@ -1,12 +1,12 @@
-// Package segment defines blocks of (timestamp, sequence) space and the rules
-// by which the range service grants them to fenced worker codes.
+// Package segment defines blocks of (timestamp, sequence) space and the rule
+// by which the range service grants them to fenced worker codes: what a
+// client and a server both need to agree on.
 //
-// The package is the domain only: Lease, Block, Policy (the grant rule), the
-// sentinel errors, the stored value encodings and the grant loop (Store),
-// which runs over a small Storage interface of versioned bytes. The etcd
-// implementation of Storage is segment/etcdstore, an in-memory one is
-// segment/memstore; segment itself imports neither etcd nor any non-standard
-// error library.
+// It holds Lease, Block, Policy (the grant rule, Plan), the Allocator
+// interface a client talks to, and the sentinel errors every layer returns
+// and matches with errors.Is. It imports only the standard library and
+// snowflake. The grant loop that applies the rule over etcd is the server's
+// (internal/server/store).
 //
 // For one worker code c = (region, worker) the space is numbered linearly:
 //
@@ -159,7 +159,7 @@ func (b Block) Len() int64 { return b.Hi - b.Lo }
 // ID returns the ID at linear position l of the block's code. l must lie in
 // [Lo, Hi); that is the caller's invariant.
 func (b Block) ID(l int64) snowflake.ID {
-	return IDAt(l, b.Region, b.Worker)
+	return idAt(l, b.Region, b.Worker)
 }
 
 // Check reports why b cannot be a grant a correct service made for a

@@ -16,6 +16,7 @@ import (
 	"github.com/idrange/idrange/internal/server/embedetcd/embedetcdtest"
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/region/regiontest"
+	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -147,8 +148,8 @@ func TestAdminThreeClientsStatusLeasesFence(t *testing.T) {
 	}
 	etcd := embedetcdtest.Start(t)
 	rs := []*region.Region{
-		regiontest.Start(t, region.Config{Region: 1, Etcd: etcd, Store: segment.StoreConfig{LeaseTTL: 3 * time.Second}}),
-		regiontest.Start(t, region.Config{Region: 1, Etcd: etcd, Store: segment.StoreConfig{LeaseTTL: 3 * time.Second}}),
+		regiontest.Start(t, region.Config{Region: 1, Etcd: etcd, Store: store.Config{LeaseTTL: 3 * time.Second}}),
+		regiontest.Start(t, region.Config{Region: 1, Etcd: etcd, Store: store.Config{LeaseTTL: 3 * time.Second}}),
 	}
 	targets := rs[0].Addr() + "," + rs[1].Addr()
 
@@ -200,7 +201,7 @@ func TestAdminThreeClientsStatusLeasesFence(t *testing.T) {
 			t.Fatalf("client %d (%+v) listed as %+v", i, l, *row)
 		case row.HWM <= hi:
 			t.Fatalf("client %d: HWM %d is not above its highest ID's position %d (%v)", i, row.HWM, hi,
-				segment.IDAt(hi, 1, l.Worker).Parts())
+				segment.Block{Region: 1, Worker: l.Worker}.ID(hi).Parts())
 		case row.HWMTime == nil || row.HWMTime.Before(snowflake.MsTime(hi>>snowflake.SequenceBits)):
 			t.Fatalf("client %d: HWM time %v before its highest ID's time %v", i, row.HWMTime, snowflake.MsTime(hi>>snowflake.SequenceBits))
 		case row.TTLLeftMs <= 0 || row.TTLLeftMs > 3000 || row.Acquired == nil:

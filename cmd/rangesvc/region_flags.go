@@ -12,7 +12,7 @@ import (
 
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/regionid"
-	"github.com/idrange/idrange/segment/etcdstore"
+	"github.com/idrange/idrange/internal/server/store/etcdstore"
 	"github.com/idrange/idrange/tlsfiles"
 )
 

@@ -9,6 +9,7 @@ import (
 	"github.com/idrange/idrange/internal/server/embedetcd/embedetcdtest"
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/region/regiontest"
+	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/testing/testenv"
 	"github.com/idrange/idrange/segment"
 )
@@ -91,7 +92,7 @@ func TestAdminRegionStatusAndRestoreFence(t *testing.T) {
 		t.Skip("real region: skipped with -short")
 	}
 	r := regiontest.Start(t, region.Config{Region: 2, Etcd: embedetcdtest.Start(t),
-		Store: segment.StoreConfig{Policy: segment.Policy{MaxBlock: segment.PerMs, MaxLead: time.Second}}})
+		Store: store.Config{Policy: segment.Policy{MaxBlock: segment.PerMs, MaxLead: time.Second}}})
 	tgt := r.Addr()
 	st := adminJSON[statusJSON](t, "status", "--target", tgt)
 	if st.RegionRecord == nil || st.RegionRecord.Region != 2 || len(st.RegionRecord.RegionID) != 32 ||

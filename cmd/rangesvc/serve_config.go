@@ -15,8 +15,9 @@ import (
 	"github.com/idrange/idrange/internal/server/etcdspace"
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/service"
+	"github.com/idrange/idrange/internal/server/store"
+	"github.com/idrange/idrange/internal/server/store/etcdstore"
 	"github.com/idrange/idrange/segment"
-	"github.com/idrange/idrange/segment/etcdstore"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -169,7 +170,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	})
 	fs.StringVar(&c.EtcdClientURL, "etcd-client-url", defaultEtcdClientURL, "embedded etcd client URL, https only: clients need the certificates in <data-dir>/pki (port 0: any free port; not loopback: needs --insecure)")
 	fs.StringVar(&c.EtcdPeerURL, "etcd-peer-url", defaultEtcdPeerURL, "embedded etcd peer URL, https only, as --etcd-client-url")
-	fs.DurationVar(&c.LeaseTTL, "lease-ttl", segment.DefaultLeaseTTL, "worker-code lease TTL (whole seconds, >= 2s)")
+	fs.DurationVar(&c.LeaseTTL, "lease-ttl", store.DefaultLeaseTTL, "worker-code lease TTL (whole seconds, >= 2s)")
 	fs.IntVar(&c.MaxBlock, "max-block", int(segment.DefaultMaxBlock), "largest block a request may ask for, in IDs")
 	fs.DurationVar(&c.MaxLead, "max-lead", segment.DefaultMaxLead, "how far a code's HWM may run ahead of the clock")
 	fs.DurationVar(&c.RollbackBound, "rollback-bound", service.DefaultRollbackBound, "clock rollback that makes the replica NOT_SERVING")

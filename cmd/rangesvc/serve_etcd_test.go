@@ -11,8 +11,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idrange/idrange/internal/server/embedetcd/embedetcdtest"
+	"github.com/idrange/idrange/internal/server/store/etcdstore"
 	"github.com/idrange/idrange/internal/testing/testenv"
-	"github.com/idrange/idrange/segment/etcdstore"
 )
 
 // Issue 24: the embedded etcd of a real `rangesvc serve` is closed. On the

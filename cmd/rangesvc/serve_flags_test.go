@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/idrange/idrange/internal/server/cli"
+	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/segment"
 )
 
@@ -82,7 +83,7 @@ func TestServeFlagsDefaults(t *testing.T) {
 	}
 	if c.Listen != defaultListen || c.Metrics != defaultMetrics || c.DataDir != defaultDataDir ||
 		c.DrainDelay != defaultDrainDelay || c.LogFormat != logText || c.ConfigFile != "" ||
-		c.LeaseTTL != segment.DefaultLeaseTTL || c.MaxLead != segment.DefaultMaxLead || len(c.Etcd) != 0 || c.Region != 2 ||
+		c.LeaseTTL != store.DefaultLeaseTTL || c.MaxLead != segment.DefaultMaxLead || len(c.Etcd) != 0 || c.Region != 2 ||
 		c.EtcdClientURL != "https://127.0.0.1:2379" || c.EtcdPeerURL != "https://127.0.0.1:2380" {
 		t.Fatalf("defaults = %+v", c)
 	}

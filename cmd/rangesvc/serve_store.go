@@ -8,13 +8,14 @@ import (
 
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/service"
+	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 )
 
-// storeConfig maps the store's flags onto segment.StoreConfig.
-func (c serveConfig) storeConfig() segment.StoreConfig {
-	return segment.StoreConfig{
+// storeConfig maps the store's flags onto store.Config.
+func (c serveConfig) storeConfig() store.Config {
+	return store.Config{
 		LeaseTTL: c.LeaseTTL,
 		Policy:   segment.Policy{MaxBlock: int64(c.MaxBlock), MaxLead: c.MaxLead},
 	}

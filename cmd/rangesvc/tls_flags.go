@@ -17,7 +17,7 @@ import (
 	"github.com/idrange/idrange/internal/server/cli"
 	"github.com/idrange/idrange/internal/server/etcdclient"
 	"github.com/idrange/idrange/internal/server/region"
-	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/tlsfiles"
 )
 
@@ -53,7 +53,7 @@ func (s *securityFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&s.Allowed, "tls-allowed-identities", "", "comma list of identity patterns (cn:NAME, dns:NAME, uri:NAME; globs * ? [..]) allowed to call the RangeService; empty: any verified certificate")
 	fs.StringVar(&s.Admin, "tls-admin-identities", "", "comma list of identity patterns allowed to call the admin RPCs (and the RangeService); empty: nobody")
 	fs.StringVar(&s.MetricsClientCA, "metrics-client-ca", "", "PEM CA bundle: the metrics port requires client certificates signed by it (needs --tls-cert)")
-	fs.IntVar(&s.MaxCodesPerIdentity, "max-codes-per-identity", segment.DefaultMaxCodesPerIdentity, "worker codes one client identity may hold at once (1..256; mutual TLS only)")
+	fs.IntVar(&s.MaxCodesPerIdentity, "max-codes-per-identity", store.DefaultMaxCodesPerIdentity, "worker codes one client identity may hold at once (1..256; mutual TLS only)")
 	fs.BoolVar(&s.Insecure, "insecure", false, "allow a non-loopback --listen, --http or --metrics without mutual TLS (--tls-client-ca), or a non-loopback embedded etcd URL: anyone who reaches such a port can take every code")
 	fs.StringVar(&s.Etcd.CACert, "etcd-cacert", "", "PEM CA bundle verifying the external etcd's certificate (with --etcd)")
 	fs.StringVar(&s.Etcd.Cert, "etcd-cert", "", "PEM client certificate for etcd (with --etcd)")

@@ -17,9 +17,10 @@ import (
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/server/embedetcd/embedetcdtest"
 	"github.com/idrange/idrange/internal/server/service"
+	"github.com/idrange/idrange/internal/server/store"
+	"github.com/idrange/idrange/internal/server/store/etcdstore"
 	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/segment"
-	"github.com/idrange/idrange/segment/etcdstore"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -29,7 +30,7 @@ import (
 // FuzzParse. These add the paths between them: arbitrary int64s through
 // Decode, arbitrary RPC fields through the service's handlers, arbitrary
 // replies through the client's allocator, and arbitrary bytes in etcd under
-// a live segment.Store.
+// a live store.Store.
 
 // FuzzDecodeAnyInt64: Decode accepts exactly the positive values, every
 // accepted value's fields are in range and compose back to it, and the text
@@ -62,7 +63,7 @@ func FuzzDecodeAnyInt64(f *testing.F) {
 		if c, err := snowflake.Compose(p.Ms, p.Region, p.Worker, p.Sequence); err != nil || c != id {
 			t.Fatalf("Compose(Decode(%d)) = %d, %v", v, c, err)
 		}
-		if segment.IDAt(segment.Linear(id), p.Region, p.Worker) != id {
+		if (segment.Block{Region: p.Region, Worker: p.Worker}).ID(segment.Linear(id)) != id {
 			t.Fatalf("Linear/IDAt of %d do not round-trip", v)
 		}
 	})
@@ -148,7 +149,7 @@ func FuzzServiceRequestValidation(f *testing.F) {
 		)
 		switch method % 4 {
 		case 0:
-			valid = reg == svcRegion && len(owner) <= segment.MaxOwnerLen && utf8.ValidString(owner)
+			valid = reg == svcRegion && len(owner) <= store.MaxOwnerLen && utf8.ValidString(owner)
 			sent = [2]any{int(reg), owner}
 			reply, rerr = svc.AcquireLease(ctx, &idrangev1.AcquireLeaseRequest{Region: reg, Owner: owner})
 		case 1:
@@ -237,7 +238,7 @@ func FuzzAllocatorRejectsBadReplies(f *testing.F) {
 
 // FuzzStoreCorruptValues writes arbitrary bytes into the high-water mark
 // and then into the lease record of a code leased through a live
-// segment.Store (embedded etcd). A value that does not decode must stop the
+// store.Store (embedded etcd). A value that does not decode must stop the
 // code with ErrCorrupt and be left exactly as it was (never reset, never
 // overwritten), and so must a high-water mark that decodes but is below the
 // one the Store committed (ErrHighWaterRegressed: the mark went back); one
@@ -255,7 +256,7 @@ func FuzzStoreCorruptValues(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	st, err := segment.NewStore(stg, segment.StoreConfig{LeaseTTL: 10 * time.Second})
+	st, err := store.New(stg, store.Config{LeaseTTL: 10 * time.Second})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -286,12 +287,12 @@ func FuzzStoreCorruptValues(f *testing.F) {
 		var decodes, regressed bool
 		var hwm int64
 		if leaseRecord {
-			rec, err := segment.DecodeOwnerRecord(value)
+			rec, err := store.DecodeOwnerRecord(value)
 			decodes = err == nil && rec.Region == region && rec.Worker == l.Worker && rec.LeaseID == l.LeaseID
 		} else {
-			hwm, err = segment.DecodeHighWater(value)
+			hwm, err = store.DecodeHighWater(value)
 			decodes = err == nil
-			committed, cerr := segment.DecodeHighWater(orig.Kvs[0].Value)
+			committed, cerr := store.DecodeHighWater(orig.Kvs[0].Value)
 			if cerr != nil {
 				t.Fatal(cerr)
 			}

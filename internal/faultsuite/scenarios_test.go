@@ -14,6 +14,7 @@ import (
 
 	"github.com/idrange/idrange/internal/faultsuite/faultproxy"
 	"github.com/idrange/idrange/internal/faultsuite/history"
+	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -249,7 +250,7 @@ func (s *suite) waitNewLeader(old int, timeout time.Duration) int {
 // renewed every second is safe for only 2-3 s after the kill, so no
 // client could ride through. The default TTL is what a user runs.
 func TestEtcdLeaderKillDefaultClientsRideThrough(t *testing.T) {
-	s := newSuite(t, options{clientDefaults: true, leaseTTL: segment.DefaultLeaseTTL})
+	s := newSuite(t, options{clientDefaults: true, leaseTTL: store.DefaultLeaseTTL})
 	s.waitMinting(s.mono0, 2000, time.Minute)
 	s.hold(time.Second)
 
@@ -358,7 +359,7 @@ func checkPlantedFaults(t *testing.T, s *suite, res result) {
 		{"after-deadline ID", bound + ms, bound + 2*ms},
 		{"late return", bound - ms, bound + ms},
 	} {
-		next := int64(segment.IDAt(segment.Linear(id)+int64(i)+1, id.Region(), id.Worker()))
+		next := int64(segment.Block{Region: id.Region(), Worker: id.Worker()}.ID(segment.Linear(id) + int64(i) + 1))
 		rep, err = history.Check(others(0, copyWith(h0, history.Mint{T0: tc.t0, T1: tc.t1, IDs: []int64{next}})), cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -529,7 +530,7 @@ func TestRangesvcReplicaKillMidGrants(t *testing.T) {
 }
 
 // holdFreeCodes leases, from the test process, every worker code of the
-// region nobody holds (with a long TTL, through segment.Store like any
+// region nobody holds (with a long TTL, through store.Store like any
 // replica), so the next code to become free is the one the test frees. It
 // returns the leases for release.
 func (s *suite) holdFreeCodes() []segment.Lease {
@@ -920,7 +921,7 @@ func TestCorruptEtcdValuesStopTheCode(t *testing.T) {
 	if err != nil || len(before.Kvs) != 1 {
 		t.Fatalf("read %s: %v", hk2, err)
 	}
-	hwmBefore, err := segment.DecodeHighWater(before.Kvs[0].Value)
+	hwmBefore, err := store.DecodeHighWater(before.Kvs[0].Value)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -943,7 +944,7 @@ func TestCorruptEtcdValuesStopTheCode(t *testing.T) {
 	if err != nil || len(after.Kvs) != 1 {
 		t.Fatalf("read %s: %v", hk2, err)
 	}
-	if v, err := segment.DecodeHighWater(after.Kvs[0].Value); err != nil || v < hwmBefore {
+	if v, err := store.DecodeHighWater(after.Kvs[0].Value); err != nil || v < hwmBefore {
 		t.Fatalf("HWM of code %d went from %d to %d (%v)", w2, hwmBefore, v, err)
 	}
 

@@ -18,8 +18,8 @@ import (
 
 	"github.com/idrange/idrange/internal/faultsuite/faultproxy"
 	"github.com/idrange/idrange/internal/faultsuite/history"
-	"github.com/idrange/idrange/segment"
-	"github.com/idrange/idrange/segment/etcdstore"
+	"github.com/idrange/idrange/internal/server/store"
+	"github.com/idrange/idrange/internal/server/store/etcdstore"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -104,7 +104,7 @@ type suite struct {
 
 	members  []*member
 	cli      *clientv3.Client   // straight to the members, for the test's own reads
-	store    *segment.Store     // test-held leases (no grants)
+	store    *store.Store       // test-held leases (no grants)
 	keys     *etcdstore.Storage // key layout
 	replicas []*replica
 	minters  []*minter
@@ -227,7 +227,7 @@ func (s *suite) startCluster() {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	st, err := segment.NewStore(stg, segment.StoreConfig{LeaseTTL: time.Minute})
+	st, err := store.New(stg, store.Config{LeaseTTL: time.Minute})
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -561,7 +561,7 @@ func (s *suite) replayHWM() (map[int][]int64, error) {
 				return nil, fmt.Errorf("HWM key %q was deleted at revision %d", ev.Kv.Key, ev.Kv.ModRevision)
 			}
 			done = done || ev.Kv.ModRevision >= last
-			v, err := segment.DecodeHighWater(ev.Kv.Value)
+			v, err := store.DecodeHighWater(ev.Kv.Value)
 			if err != nil {
 				if s.corruptOK[string(ev.Kv.Value)] {
 					continue // planted by the corruption scenario, repaired since

@@ -1,9 +1,9 @@
 // Package rangeclienttest is an in-memory range service for tests and
 // benchmarks of code built on rangeclient or any segment.Allocator user.
 //
-// Service is the production grant loop (segment.Store: one lease per worker
+// Service is the production grant loop (store.Store: one lease per worker
 // code, fencing tokens, per-code high-water marks that only grow, the grant
-// rule of segment.Policy) over in-memory storage (segment/memstore) instead
+// rule of segment.Policy) over in-memory storage (internal/server/store/memstore) instead
 // of etcd, so tests against it test the rule production runs. It records
 // every grant, so tests can check that no two blocks of a code overlap.
 //
@@ -24,15 +24,16 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idrange/idrange/internal/server/store"
+	"github.com/idrange/idrange/internal/server/store/memstore"
 	"github.com/idrange/idrange/internal/testing/overlap"
 	"github.com/idrange/idrange/segment"
-	"github.com/idrange/idrange/segment/memstore"
 	"github.com/idrange/idrange/snowflake"
 )
 
 // Defaults for Options fields left zero: production's.
 const (
-	DefaultTTL      = segment.DefaultLeaseTTL
+	DefaultTTL      = store.DefaultLeaseTTL
 	DefaultMaxLead  = segment.DefaultMaxLead
 	DefaultMaxBlock = int(segment.DefaultMaxBlock)
 	DefaultWorkers  = snowflake.MaxWorker + 1
@@ -66,13 +67,13 @@ type Grant struct {
 	Token int64
 }
 
-// Service is one in-memory regional range service: a segment.Store over a
+// Service is one in-memory regional range service: a store.Store over a
 // memstore.Storage.
 type Service struct {
 	opts   Options
 	origin time.Time
 	stg    *memstore.Storage
-	store  *segment.Store
+	store  *store.Store
 
 	mu     sync.Mutex
 	grants []Grant
@@ -95,7 +96,7 @@ func New(opts Options) *Service {
 		opts.Workers = DefaultWorkers
 	}
 	s := &Service{opts: opts, origin: time.Now(), stg: memstore.New()}
-	store, err := segment.NewStore(s.stg, segment.StoreConfig{
+	store, err := store.New(s.stg, store.Config{
 		LeaseTTL: opts.TTL,
 		Policy:   segment.Policy{MaxBlock: int64(opts.MaxBlock), MaxLead: opts.MaxLead},
 		Now:      s.Now,
@@ -125,7 +126,7 @@ func (s *Service) reserve(workers int) error {
 		return err
 	}
 	for w := max(workers, 0); w <= snowflake.MaxWorker; w++ {
-		rec := segment.OwnerRecord{Version: 1, Region: s.opts.Region, Worker: w, LeaseID: id,
+		rec := store.OwnerRecord{Version: 1, Region: s.opts.Region, Worker: w, LeaseID: id,
 			Owner: "rangeclienttest: reserved (Options.Workers)", AcquiredUnixMs: 1}
 		if _, ok, err := s.stg.CreateOwner(ctx, s.opts.Region, w, 0, []byte(rec.Encode()), id); err != nil || !ok {
 			return fmt.Errorf("reserve code %d: %v", w, err)
@@ -170,7 +171,7 @@ func (s *Service) HWM(worker int) int64 {
 // Store and the client must catch): storage setup, not a second rule.
 func (s *Service) PutHighWater(worker int, hwm int64) {
 	// memstore.Put fails only for a lease that does not exist; none is given.
-	_ = s.stg.Put(memstore.HighWaterKey(s.opts.Region, worker), []byte(segment.EncodeHighWater(hwm)), 0)
+	_ = s.stg.Put(memstore.HighWaterKey(s.opts.Region, worker), []byte(store.EncodeHighWater(hwm)), 0)
 }
 
 // Owner returns the live lease of code worker, if any.

@@ -36,7 +36,7 @@ type fakeRun struct {
 
 func linear(ms, seq int64) int64 { return ms<<12 | seq }
 
-func idAt(l int64) int64 { return int64(segment.IDAt(l, region, worker)) }
+func idAt(l int64) int64 { return int64(segment.Block{Region: region, Worker: worker}.ID(l)) }
 
 func newFakeRun(t *testing.T, plant func(r1, r2 *Recorder, f *fakeRun)) *fakeRun {
 	t.Helper()
@@ -204,7 +204,7 @@ func TestCheckCatchesPlantedFaults(t *testing.T) {
 			f.hwm[worker] = append(f.hwm[worker], f.blockA[1])
 		}, ErrHWM},
 		{"wrong region", func(r1, r2 *Recorder, f *fakeRun) {
-			r2.Minted(11*sec+600, 11*sec+700, []snowflake.ID{segment.IDAt(f.blockB[0]+7, 2, worker)})
+			r2.Minted(11*sec+600, 11*sec+700, []snowflake.ID{segment.Block{Region: 2, Worker: worker}.ID(f.blockB[0] + 7)})
 		}, nil, ErrOutOfRange},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -235,7 +235,7 @@ func TestCheckRepliesJoinTheDuplicateCheck(t *testing.T) {
 	own := func(offsets ...int64) []int64 {
 		var out []int64
 		for _, o := range offsets {
-			out = append(out, int64(segment.IDAt(linear(ms0+3000, o), region, 9)))
+			out = append(out, int64(segment.Block{Region: region, Worker: 9}.ID(linear(ms0+3000, o))))
 		}
 		return out
 	}
@@ -256,7 +256,7 @@ func TestCheckRepliesJoinTheDuplicateCheck(t *testing.T) {
 			return []Reply{{Source: "svc0 MintBatch", IDs: own(0, 1)}, {Source: "svc1 HTTP", IDs: own(1)}}
 		}, ErrDuplicate, []string{"svc0 MintBatch", "svc1 HTTP"}},
 		{"a reply of another region", func(f *fakeRun) []Reply {
-			return []Reply{{Source: "svc0 Next", IDs: []int64{int64(segment.IDAt(linear(ms0+3000, 0), 2, 9))}}}
+			return []Reply{{Source: "svc0 Next", IDs: []int64{int64(segment.Block{Region: 2, Worker: 9}.ID(linear(ms0+3000, 0)))}}}
 		}, ErrOutOfRange, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

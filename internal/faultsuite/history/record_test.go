@@ -70,7 +70,7 @@ func TestInterceptorRecordsCalls(t *testing.T) {
 	if _, err := c.ReleaseLease(ctx, &idrangev1.ReleaseLeaseRequest{Lease: l}); err != nil {
 		t.Fatal(err)
 	}
-	rec.Minted(Now(), Now(), []snowflake.ID{segment.IDAt(4096, 2, 7)})
+	rec.Minted(Now(), Now(), []snowflake.ID{segment.Block{Region: 2, Worker: 7}.ID(4096)})
 	rec.Note(Now(), "client clock moved by -2s")
 	if err := rec.Close(); err != nil {
 		t.Fatal(err)
@@ -228,7 +228,7 @@ func TestRecorderReportsWriteErrors(t *testing.T) {
 		t.Fatalf("Err before any failure: %v", err)
 	}
 	for i := range 20 { // ~40 bytes each: past the 200 the file takes
-		rec.Minted(int64(i), int64(i)+1, []snowflake.ID{segment.IDAt(4096+int64(i), 1, 7)})
+		rec.Minted(int64(i), int64(i)+1, []snowflake.ID{segment.Block{Region: 1, Worker: 7}.ID(4096 + int64(i))})
 	}
 	if err := rec.Flush(); !errors.Is(err, errDiskFull) {
 		t.Fatalf("Flush = %v, want the write error", err)
@@ -236,7 +236,7 @@ func TestRecorderReportsWriteErrors(t *testing.T) {
 	if err := rec.Err(); !errors.Is(err, errDiskFull) {
 		t.Fatalf("Err after the failed flush = %v, want the write error", err)
 	}
-	rec.Minted(100, 101, []snowflake.ID{segment.IDAt(5000, 1, 7)})
+	rec.Minted(100, 101, []snowflake.ID{segment.Block{Region: 1, Worker: 7}.ID(5000)})
 	if err := rec.Close(); !errors.Is(err, errDiskFull) {
 		t.Fatalf("Close = %v, want the write error", err)
 	}

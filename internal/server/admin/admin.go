@@ -12,10 +12,10 @@
 //   - the admin RPCs can be gated by admin identities (mTLS) in one place;
 //   - any replica answers, also behind a load balancer.
 //
-// Fence goes through segment.Store.Fence: a compare-and-delete on the
+// Fence goes through store.Store.Fence: a compare-and-delete on the
 // code's fencing token and etcd lease, so it never removes an owner that
 // took the code after the operator looked. Status and ListLeases read one
-// consistent snapshot of the region (segment.Store.Snapshot); the etcd
+// consistent snapshot of the region (store.Store.Snapshot); the etcd
 // lease TTLs, member status and alarms come from the replica's etcd client.
 package admin
 
@@ -38,7 +38,9 @@ import (
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/clock"
+	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/internal/server/regionid"
+	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -67,8 +69,8 @@ const (
 type Config struct {
 	// Region is the replica's region (0..3).
 	Region int
-	// Store is the replica's segment.Store: snapshots and fencing.
-	Store *segment.Store
+	// Store is the replica's store.Store: snapshots and fencing.
+	Store *store.Store
 	// Etcd is the replica's etcd client: lease TTLs, member status, alarms.
 	Etcd *clientv3.Client
 	// Serving reports the replica's health (Status.serving). Default: true.
@@ -348,7 +350,7 @@ func (s *Server) ttlLeft(ctx context.Context, id int64) int64 {
 	return r.TTL * 1000 // etcd reports whole seconds
 }
 
-func leaseRow(li segment.LeaseInfo) *idrangev1.LeaseRow {
+func leaseRow(li store.LeaseInfo) *idrangev1.LeaseRow {
 	row := &idrangev1.LeaseRow{
 		Worker: uint32(li.Worker), Owner: li.Owner, Identity: li.Identity, Token: li.Token, LeaseId: li.LeaseID,
 	}
@@ -368,7 +370,7 @@ func joinMsg(a, b string) string {
 	return a + "; " + b
 }
 
-// Fence ends one code's current lease (segment.Store.Fence).
+// Fence ends one code's current lease (store.Store.Fence).
 func (s *Server) Fence(ctx context.Context, req *idrangev1.FenceRequest) (*idrangev1.FenceResponse, error) {
 	if w := req.GetWorker(); w > snowflake.MaxWorker {
 		return nil, status.Errorf(codes.InvalidArgument, "worker: %d not in 0..%d", w, snowflake.MaxWorker)
@@ -425,7 +427,7 @@ func (s *Server) audit(ctx context.Context, action, reason string, err error, at
 		attrs = append(attrs, "err", err)
 	}
 	attrs = append([]any{"audit", true, "action", action, "outcome", outcome,
-		"identity", segment.IdentityFrom(ctx), "peer", peerAddr(ctx), "reason", reason}, attrs...)
+		"identity", authz.IdentityFrom(ctx), "peer", peerAddr(ctx), "reason", reason}, attrs...)
 	s.log.Warn("admin "+action, attrs...)
 }
 

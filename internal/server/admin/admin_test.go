@@ -17,10 +17,10 @@ import (
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/server/admin"
+	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/internal/server/embedetcd/embedetcdtest"
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/region/regiontest"
-	"github.com/idrange/idrange/segment"
 )
 
 func TestNewValidates(t *testing.T) {
@@ -121,7 +121,7 @@ func TestFenceAuditLine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opsCtx := peer.NewContext(segment.WithIdentity(ctx, "cn:ops-1"),
+	opsCtx := peer.NewContext(authz.WithIdentity(ctx, "cn:ops-1"),
 		&peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 4242}})
 
 	for _, bad := range []string{strings.Repeat("x", 257), "two\nlines", "bad \xff utf-8"} {

@@ -13,7 +13,7 @@
 // URI SANs come first because they are what workload identity systems
 // (SPIFFE) issue; the CN, deprecated for names, comes last. A certificate
 // naming none of them has no identity and is refused. The identity is what
-// a lease is bound to (segment.WithIdentity): only the same identity may
+// a lease is bound to (authz.WithIdentity): only the same identity may
 // renew, release or allocate on it, and the per-identity code cap counts
 // per identity.
 //
@@ -52,8 +52,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
-
-	"github.com/idrange/idrange/segment"
 )
 
 // Kinds of names in a certificate, as identity and pattern prefixes.
@@ -118,7 +116,7 @@ func FromPeer(ctx context.Context) (Caller, error) {
 	if len(names) == 0 {
 		return Caller{}, status.Errorf(codes.Unauthenticated, "client certificate (serial %s) names no URI SAN, DNS SAN or CN", leaf.SerialNumber)
 	}
-	if err := segment.ValidateIdentity(names[0]); err != nil {
+	if err := ValidateIdentity(names[0]); err != nil {
 		return Caller{}, status.Errorf(codes.Unauthenticated, "client certificate identity: %v", err)
 	}
 	return Caller{Identity: names[0], Names: names}, nil
@@ -194,7 +192,7 @@ var openPrefixes = []string{"/grpc.health.v1.Health/", "/grpc.reflection."}
 
 // Authorize authenticates the caller of fullMethod and checks the policy.
 // On success it returns ctx carrying the caller's identity for the store
-// (segment.WithIdentity). Errors are gRPC statuses: Unauthenticated or
+// (authz.WithIdentity). Errors are gRPC statuses: Unauthenticated or
 // PermissionDenied.
 func (p Policy) Authorize(ctx context.Context, fullMethod string) (context.Context, error) {
 	c, err := FromPeer(ctx)
@@ -212,7 +210,7 @@ func (p Policy) Authorize(ctx context.Context, fullMethod string) (context.Conte
 	default:
 		return nil, status.Errorf(codes.PermissionDenied, "%s is for admin identities (--tls-admin-identities); caller %q is not one", fullMethod, c.Identity)
 	}
-	return segment.WithIdentity(ctx, c.Identity), nil
+	return WithIdentity(ctx, c.Identity), nil
 }
 
 func hasAnyPrefix(s string, prefixes []string) bool {

@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idrange/idrange/internal/testing/testpki"
-	"github.com/idrange/idrange/segment"
 )
 
 func cert(t *testing.T, id testpki.Identity) *x509.Certificate {
@@ -128,8 +127,8 @@ func TestAuthorize(t *testing.T) {
 			if got := status.Code(err); got != tc.code {
 				t.Fatalf("code %v (%v), want %v", got, err, tc.code)
 			}
-			if err == nil && segment.IdentityFrom(ctx) != tc.id {
-				t.Fatalf("identity in context %q, want %q", segment.IdentityFrom(ctx), tc.id)
+			if err == nil && IdentityFrom(ctx) != tc.id {
+				t.Fatalf("identity in context %q, want %q", IdentityFrom(ctx), tc.id)
 			}
 		})
 	}

@@ -26,7 +26,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/idrange/idrange/segment/etcdstore"
+	"github.com/idrange/idrange/internal/server/store/etcdstore"
 	"github.com/idrange/idrange/tlsfiles"
 )
 

@@ -11,9 +11,9 @@ import (
 
 	"github.com/idrange/idrange/internal/server/etcdclient"
 	"github.com/idrange/idrange/internal/server/etcdclient/etcdclienttest"
+	"github.com/idrange/idrange/internal/server/store"
+	"github.com/idrange/idrange/internal/server/store/etcdstore"
 	"github.com/idrange/idrange/internal/testing/testpki"
-	"github.com/idrange/idrange/segment"
-	"github.com/idrange/idrange/segment/etcdstore"
 )
 
 // A replica's store over etcd with TLS client certificates and a user
@@ -35,7 +35,7 @@ func TestSecureEtcd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := segment.NewStore(stg, segment.StoreConfig{LeaseTTL: 10 * time.Second})
+	st, err := store.New(stg, store.Config{LeaseTTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idrange/idrange/internal/server/regionid"
+	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/segment"
 )
 
@@ -348,19 +349,19 @@ func b2f(b bool) float64 {
 	return 0
 }
 
-// guardStorage is the replica's storage under its segment.Store: it refuses
+// guardStorage is the replica's storage under its store.Store: it refuses
 // every high-water commit while the identity refuses, and checks the
 // revision of each answer against those seen before, so that a grant from a
 // restored (rolled back) etcd is never handed out: the commit's error makes
 // its outcome unknown and the Store burns the block.
 type guardStorage struct {
-	segment.BatchStorage
+	store.BatchStorage
 	id *identity
 }
 
-var _ segment.BatchStorage = guardStorage{}
+var _ store.BatchStorage = guardStorage{}
 
-func (g guardStorage) Scan(ctx context.Context, region int) (segment.RegionView, error) {
+func (g guardStorage) Scan(ctx context.Context, region int) (store.RegionView, error) {
 	before := g.id.maxRev.Load()
 	v, err := g.BatchStorage.Scan(ctx, region)
 	if err == nil {
@@ -369,7 +370,7 @@ func (g guardStorage) Scan(ctx context.Context, region int) (segment.RegionView,
 	return v, err
 }
 
-func (g guardStorage) Code(ctx context.Context, region, worker int) (segment.CodeView, error) {
+func (g guardStorage) Code(ctx context.Context, region, worker int) (store.CodeView, error) {
 	before := g.id.maxRev.Load()
 	v, err := g.BatchStorage.Code(ctx, region, worker)
 	if err == nil {
@@ -387,9 +388,9 @@ func (g guardStorage) CreateOwner(ctx context.Context, region, worker int, highW
 	return tok, ok, err
 }
 
-func (g guardStorage) CommitHighWater(ctx context.Context, region, worker int, c segment.HighWaterCommit) (int64, bool, segment.CodeView, error) {
+func (g guardStorage) CommitHighWater(ctx context.Context, region, worker int, c store.HighWaterCommit) (int64, bool, store.CodeView, error) {
 	if err := g.id.err(); err != nil {
-		return 0, false, segment.CodeView{}, err
+		return 0, false, store.CodeView{}, err
 	}
 	before := g.id.maxRev.Load()
 	rev, ok, fresh, err := g.BatchStorage.CommitHighWater(ctx, region, worker, c)
@@ -403,7 +404,7 @@ func (g guardStorage) CommitHighWater(ctx context.Context, region, worker int, c
 	return rev, ok, fresh, err
 }
 
-func (g guardStorage) CommitHighWaters(ctx context.Context, ops []segment.GrantOp) ([]segment.GrantResult, error) {
+func (g guardStorage) CommitHighWaters(ctx context.Context, ops []store.GrantOp) ([]store.GrantResult, error) {
 	if err := g.id.err(); err != nil {
 		return nil, err
 	}

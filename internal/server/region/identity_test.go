@@ -19,9 +19,10 @@ import (
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/region/regiontest"
 	"github.com/idrange/idrange/internal/server/regionid"
+	"github.com/idrange/idrange/internal/server/store"
+	"github.com/idrange/idrange/internal/server/store/etcdstore"
 	"github.com/idrange/idrange/internal/testing/overlap"
 	"github.com/idrange/idrange/segment"
-	"github.com/idrange/idrange/segment/etcdstore"
 )
 
 // idReplica is a serving replica built with region.NewReplica, as rangesvc
@@ -125,7 +126,7 @@ func TestRegionRecordStartChecks(t *testing.T) {
 	// Keys from before region records: adopted only by their own region.
 	e2 := embedetcdtest.Start(t)
 	cli2 := embedetcdtest.Client(t, e2)
-	if _, err := cli2.Put(ctx, etcdstore.DefaultPrefix+"r3/hwm/007", segment.EncodeHighWater(1)); err != nil {
+	if _, err := cli2.Put(ctx, etcdstore.DefaultPrefix+"r3/hwm/007", store.EncodeHighWater(1)); err != nil {
 		t.Fatal(err)
 	}
 	_, err = newIDReplica(t, cli2, region.ReplicaConfig{Region: 1, InitRegion: true})
@@ -336,7 +337,7 @@ func TestRestoreFence(t *testing.T) {
 	// wait after the fence short (the codes are lifted lead + span + margin
 	// ahead; grants resume once the clock is within the lead of that);
 	// they still leave phase 2 many seconds ahead of the clock.
-	sc := segment.StoreConfig{Policy: segment.Policy{MaxBlock: 2000 * segment.PerMs, MaxLead: 10 * time.Second}}
+	sc := store.Config{Policy: segment.Policy{MaxBlock: 2000 * segment.PerMs, MaxLead: 10 * time.Second}}
 	root := t.TempDir()
 	live := filepath.Join(root, "live")
 	e := embedetcdtest.StartConfig(t, embedetcd.Config{Dir: live})
@@ -453,7 +454,7 @@ func TestRestoreDetectedByRevision(t *testing.T) {
 	}
 	url := "http://" + lis.Addr().String()
 	lis.Close()
-	sc := segment.StoreConfig{Policy: segment.Policy{MaxBlock: 1000 * segment.PerMs, MaxLead: 2 * time.Second}}
+	sc := store.Config{Policy: segment.Policy{MaxBlock: 1000 * segment.PerMs, MaxLead: 2 * time.Second}}
 	root := t.TempDir()
 	live, backup := filepath.Join(root, "live"), filepath.Join(root, "backup")
 	e := embedetcdtest.StartConfig(t, embedetcd.Config{Dir: live, ClientURL: url})

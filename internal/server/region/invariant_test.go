@@ -12,10 +12,11 @@ import (
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/region/regiontest"
+	"github.com/idrange/idrange/internal/server/store"
+	"github.com/idrange/idrange/internal/server/store/etcdstore"
 	"github.com/idrange/idrange/internal/testing/idcheck"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
-	"github.com/idrange/idrange/segment/etcdstore"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -121,10 +122,10 @@ func TestLoweredHighWaterMarkIsRefused(t *testing.T) {
 		if err != nil || !put.Succeeded {
 			return false
 		}
-		if floor, err = segment.DecodeHighWater(kv.Value); err != nil {
+		if floor, err = store.DecodeHighWater(kv.Value); err != nil {
 			t.Fatal(err)
 		}
-		if lowered, err = segment.DecodeHighWater(prev.Kvs[0].Value); err != nil {
+		if lowered, err = store.DecodeHighWater(prev.Kvs[0].Value); err != nil {
 			t.Fatal(err)
 		}
 		return true
@@ -162,7 +163,7 @@ func TestLoweredHighWaterMarkIsRefused(t *testing.T) {
 	if got, err := r.Store().HighWater(ctx, 1, victim.Worker); !errors.Is(err, segment.ErrHighWaterRegressed) {
 		t.Fatalf("HighWater of the lowered code = %d, %v; want ErrHighWaterRegressed", got, err)
 	}
-	if cur, err := op.Get(ctx, key); err != nil || len(cur.Kvs) != 1 || string(cur.Kvs[0].Value) != segment.EncodeHighWater(lowered) {
+	if cur, err := op.Get(ctx, key); err != nil || len(cur.Kvs) != 1 || string(cur.Kvs[0].Value) != store.EncodeHighWater(lowered) {
 		t.Fatalf("the lowered mark was rewritten: %v, %v", cur.Kvs, err)
 	}
 	t.Logf("%d IDs minted, all unique; the client dropped %d code(s)", len(ids), c.Stats().DroppedCodes)

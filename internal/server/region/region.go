@@ -1,5 +1,5 @@
 // Package region stands up idrange range-service replicas. NewReplica is
-// the one construction of a replica (segment.Store over an etcd client,
+// the one construction of a replica (store.Store over an etcd client,
 // internal/server/service.Service, gRPC server with the production options) that
 // `rangesvc serve` runs. Start wraps it for in-process use: an embedded
 // etcd (or a shared one), a replica on 127.0.0.1:<random port>, counters of
@@ -33,8 +33,8 @@ import (
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/internal/server/embedetcd"
 	"github.com/idrange/idrange/internal/server/service"
+	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/testing/hdr"
-	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -99,8 +99,8 @@ type Config struct {
 	// (internal/server/regionid). false: the first replica initialises the record
 	// and every replica checks it, as rangesvc serve does.
 	SharedEtcd bool
-	// Store tunes the segment.Store (lease TTL, policy, prefix).
-	Store segment.StoreConfig
+	// Store tunes the store.Store (lease TTL, policy, prefix).
+	Store store.Config
 	// Clock is the service clock; pass a *clock.Offset to move it. Default
 	// clock.System{}.
 	Clock clock.Clock
@@ -163,7 +163,7 @@ func (c Counts) Sub(o Counts) Counts {
 }
 
 type counter struct {
-	segment.NopObserver
+	store.NopObserver
 	grants, units, grantErrs, conflicts, acquires, releases, renewals, renewErrs atomic.Uint64
 }
 
@@ -330,8 +330,8 @@ func (r *Region) replica() *Replica {
 	return r.last
 }
 
-// Store is the replica's segment.Store (a new one after Restart).
-func (r *Region) Store() *segment.Store { return r.replica().Store() }
+// Store is the replica's store.Store (a new one after Restart).
+func (r *Region) Store() *store.Store { return r.replica().Store() }
 
 // Service is the replica's gRPC service (a new one after Restart).
 func (r *Region) Service() *service.Service { return r.replica().Service() }

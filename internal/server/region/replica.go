@@ -21,8 +21,9 @@ import (
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/internal/server/etcdspace"
 	"github.com/idrange/idrange/internal/server/service"
+	"github.com/idrange/idrange/internal/server/store"
+	"github.com/idrange/idrange/internal/server/store/etcdstore"
 	"github.com/idrange/idrange/segment"
-	"github.com/idrange/idrange/segment/etcdstore"
 )
 
 // DefaultEtcdTimeout bounds each etcd health probe of a replica (and
@@ -46,9 +47,9 @@ type ReplicaConfig struct {
 	// Prefix is the etcd key prefix of the replica's state. Default
 	// etcdstore.DefaultPrefix.
 	Prefix string
-	// Store tunes the segment.Store (lease TTL, policy); its Now, Logger and
+	// Store tunes the store.Store (lease TTL, policy); its Now, Logger and
 	// Observer are set by NewReplica.
-	Store segment.StoreConfig
+	Store store.Config
 	// Clock is the service clock of the store, the service and the
 	// metrics. Default clock.System{}.
 	Clock clock.Clock
@@ -60,7 +61,7 @@ type ReplicaConfig struct {
 	EtcdTimeout time.Duration
 	// Observer, if set, also receives the store's events (besides the
 	// metrics).
-	Observer segment.Observer
+	Observer store.Observer
 	// Registry receives the service metrics. Default: a fresh registry.
 	Registry *prometheus.Registry
 	// Limits bound what one peer holds on the gRPC server: handshake
@@ -135,12 +136,12 @@ type ReplicaConfig struct {
 	txns *atomic.Uint64
 }
 
-// Replica is one range-service replica: a segment.Store over an etcd
+// Replica is one range-service replica: a store.Store over an etcd
 // client, the internal/server/service.Service over it, and a gRPC server with the
 // production options. NewReplica builds it; Serve and Stop run it.
 type Replica struct {
 	cfg      ReplicaConfig
-	store    *segment.Store
+	store    *store.Store
 	svc      *service.Service
 	metrics  *service.Metrics
 	registry *prometheus.Registry
@@ -209,7 +210,7 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 			// under mutual TLS carries that caller's identity. The minter's
 			// lease is the replica's own (renewed from its background loop,
 			// without any caller), so it is taken without an identity.
-			return open(segment.WithIdentity(ctx, ""), st, region)
+			return open(authz.WithIdentity(ctx, ""), st, region)
 		})
 	}
 	r.svc, err = service.New(r.serviceConfig())
@@ -286,8 +287,8 @@ func (r *Replica) openSpace() error {
 	return nil
 }
 
-// openStore is the one place a replica's segment.Store is constructed.
-func openStore(cfg ReplicaConfig, m *service.Metrics, id *identity) (*segment.Store, error) {
+// openStore is the one place a replica's store.Store is constructed.
+func openStore(cfg ReplicaConfig, m *service.Metrics, id *identity) (*store.Store, error) {
 	sc := cfg.Store
 	sc.Now = cfg.Clock.Now
 	sc.Logger = cfg.Logger.With("component", "segment")
@@ -299,44 +300,44 @@ func openStore(cfg ReplicaConfig, m *service.Metrics, id *identity) (*segment.St
 	if err != nil {
 		return nil, err
 	}
-	var bs segment.BatchStorage = stg
+	var bs store.BatchStorage = stg
 	if cfg.txns != nil {
 		bs = countingStorage{stg, cfg.txns}
 	}
 	if id == nil {
-		return segment.NewStore(bs, sc)
+		return store.New(bs, sc)
 	}
-	return segment.NewStore(guardStorage{bs, id}, sc)
+	return store.New(guardStorage{bs, id}, sc)
 }
 
 // countingStorage counts the write Txns sent to etcd (each one raft
 // proposal; a group commit of many grants is one). It keeps the storage's
-// group commit (segment.BatchStorage).
+// group commit (store.BatchStorage).
 type countingStorage struct {
 	*etcdstore.Storage
 	n *atomic.Uint64
 }
 
-var _ segment.BatchStorage = countingStorage{}
+var _ store.BatchStorage = countingStorage{}
 
 func (c countingStorage) CreateOwner(ctx context.Context, region, worker int, highWaterRev int64, value []byte, lease int64) (int64, bool, error) {
 	c.n.Add(1)
 	return c.Storage.CreateOwner(ctx, region, worker, highWaterRev, value, lease)
 }
 
-func (c countingStorage) CommitHighWater(ctx context.Context, region, worker int, hc segment.HighWaterCommit) (int64, bool, segment.CodeView, error) {
+func (c countingStorage) CommitHighWater(ctx context.Context, region, worker int, hc store.HighWaterCommit) (int64, bool, store.CodeView, error) {
 	c.n.Add(1)
 	return c.Storage.CommitHighWater(ctx, region, worker, hc)
 }
 
-func (c countingStorage) CommitHighWaters(ctx context.Context, ops []segment.GrantOp) ([]segment.GrantResult, error) {
+func (c countingStorage) CommitHighWaters(ctx context.Context, ops []store.GrantOp) ([]store.GrantResult, error) {
 	if len(ops) > 0 {
 		c.n.Add(1)
 	}
 	return c.Storage.CommitHighWaters(ctx, ops)
 }
 
-func (c countingStorage) DeleteOwner(ctx context.Context, region, worker int, token, lease int64) (bool, segment.CodeView, error) {
+func (c countingStorage) DeleteOwner(ctx context.Context, region, worker int, token, lease int64) (bool, store.CodeView, error) {
 	c.n.Add(1)
 	return c.Storage.DeleteOwner(ctx, region, worker, token, lease)
 }
@@ -449,8 +450,8 @@ func (r *Replica) Stop(grace time.Duration) {
 	}
 }
 
-// Store is the replica's segment.Store.
-func (r *Replica) Store() *segment.Store { return r.store }
+// Store is the replica's store.Store.
+func (r *Replica) Store() *store.Store { return r.store }
 
 // GRPCServer is the replica's gRPC server, for handlers that serve the same
 // services over another transport (rangesvc serve --http transcodes
@@ -472,7 +473,7 @@ func (r *Replica) SpaceMonitor() *etcdspace.Monitor { return r.space }
 func (r *Replica) Registry() *prometheus.Registry { return r.registry }
 
 // teeObserver sends every store event to both observers.
-type teeObserver struct{ a, b segment.Observer }
+type teeObserver struct{ a, b store.Observer }
 
 func (t teeObserver) Granted(region, worker int, size int64, d time.Duration) {
 	t.a.Granted(region, worker, size, d)

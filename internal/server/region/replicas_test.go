@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/idrange/idrange/internal/server/store"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -33,7 +34,7 @@ func TestConcurrentGrantsAcrossReplicas(t *testing.T) {
 	// Eight callers racing on one HWM key lose many optimistic rounds; the
 	// store's default of 32 lost races per grant is for real traffic (one
 	// owner per code), not for this pile-up.
-	sc := segment.StoreConfig{MaxConflicts: 1000}
+	sc := store.Config{MaxConflicts: 1000}
 	off := &clock.Offset{} // replica 1's service clock
 	r0 := regiontest.Start(t, region.Config{Region: 2, Etcd: etcd, Store: sc})
 	r1 := regiontest.Start(t, region.Config{Region: 2, Etcd: etcd, Store: sc, Clock: off})

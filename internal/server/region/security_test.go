@@ -22,6 +22,7 @@ import (
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/region/regiontest"
 	"github.com/idrange/idrange/internal/server/service"
+	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/internal/testing/testpki"
 	"github.com/idrange/idrange/rangeclient"
@@ -70,7 +71,7 @@ func startSecureRegion(t *testing.T) *secureRegion {
 	}
 	s.r = regiontest.Start(t, region.Config{
 		Region: 1, TLS: tc, AllowedIdentities: allowed,
-		Store: segment.StoreConfig{MaxCodesPerIdentity: capPerIdentity},
+		Store: store.Config{MaxCodesPerIdentity: capPerIdentity},
 	})
 	return s
 }
@@ -371,7 +372,7 @@ func TestMutualTLS(t *testing.T) {
 type identityMinter struct{ opened chan string }
 
 func (m identityMinter) open(ctx context.Context, _ segment.Allocator, _ int) (service.MinterCloser, error) {
-	m.opened <- segment.IdentityFrom(ctx)
+	m.opened <- authz.IdentityFrom(ctx)
 	return fixedMinter{}, nil
 }
 

@@ -20,9 +20,9 @@ import (
 	"github.com/idrange/idrange/internal/server/etcdspace"
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/region/regiontest"
+	"github.com/idrange/idrange/internal/server/store/etcdstore"
 	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/segment"
-	"github.com/idrange/idrange/segment/etcdstore"
 )
 
 // spaceReplica is a replica built with NewReplica (what rangesvc serve

@@ -8,8 +8,8 @@ import (
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/idrange/idrange/segment"
-	"github.com/idrange/idrange/segment/etcdstore"
+	"github.com/idrange/idrange/internal/server/store"
+	"github.com/idrange/idrange/internal/server/store/etcdstore"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -290,7 +290,7 @@ func Fence(ctx context.Context, cli *clientv3.Client, o FenceOptions) (FenceResu
 			hk := stg.HighWaterKey(o.Region, w)
 			var modRev int64
 			if kvs := read.Responses[i].GetResponseRange().GetKvs(); len(kvs) > 0 {
-				v, err := segment.DecodeHighWater(kvs[0].Value)
+				v, err := store.DecodeHighWater(kvs[0].Value)
 				if err != nil {
 					return res, fmt.Errorf("restore fence: etcd key %s: %w", hk, err)
 				}
@@ -300,7 +300,7 @@ func Fence(ctx context.Context, cli *clientv3.Client, o FenceOptions) (FenceResu
 				modRev = kvs[0].ModRevision
 			}
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(hk), "=", modRev))
-			puts = append(puts, clientv3.OpPut(hk, segment.EncodeHighWater(target)))
+			puts = append(puts, clientv3.OpPut(hk, store.EncodeHighWater(target)))
 		}
 		if len(puts) == 0 {
 			continue

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/idrange/idrange/internal/clock"
+	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -171,10 +172,10 @@ func (m *Metrics) collectors() []prometheus.Collector {
 }
 
 // SetStoreConfig exports the store's lease TTL and grant policy (pass
-// segment.Store.Config, defaults applied) as lease_ttl_seconds and
+// store.Store.Config, defaults applied) as lease_ttl_seconds and
 // max_lead_seconds, the scales alerts measure grant latency and HWM lead
 // against.
-func (m *Metrics) SetStoreConfig(cfg segment.StoreConfig) {
+func (m *Metrics) SetStoreConfig(cfg store.Config) {
 	m.LeaseTTL.Set(cfg.LeaseTTL.Seconds())
 	m.MaxLead.Set(cfg.Policy.MaxLead.Seconds())
 }
@@ -217,15 +218,15 @@ var MetricNames = []string{
 	"idrange_service_max_lead_seconds",
 }
 
-// StoreObserver returns a segment.Observer that feeds m with the events
+// StoreObserver returns a store.Observer that feeds m with the events
 // only the store sees: HWM races (grant_conflicts_total), corrupt values
 // (corrupt_values_total) and marks that went back (hwm_regressions_total,
 // hwm_regressed_codes). Grants, leases and renewals are counted by the RPC
 // handlers, so RPC-level numbers are not doubled.
-func (m *Metrics) StoreObserver() segment.Observer { return storeObserver{m: m} }
+func (m *Metrics) StoreObserver() store.Observer { return storeObserver{m: m} }
 
 type storeObserver struct {
-	segment.NopObserver
+	store.NopObserver
 	m *Metrics
 }
 

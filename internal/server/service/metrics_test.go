@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idrange/idrange/internal/server/store"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -22,7 +23,7 @@ func TestSetStoreConfigExportsPolicy(t *testing.T) {
 	if got := testutil.ToFloat64(m.LeaseTTL); got != 0 {
 		t.Fatalf("lease_ttl_seconds before SetStoreConfig = %v, want 0", got)
 	}
-	m.SetStoreConfig(segment.StoreConfig{LeaseTTL: 3 * time.Second,
+	m.SetStoreConfig(store.Config{LeaseTTL: 3 * time.Second,
 		Policy: segment.Policy{MaxLead: 1500 * time.Millisecond}})
 	for name, want := range map[string]float64{
 		"idrange_service_lease_ttl_seconds": 3,

@@ -1,5 +1,5 @@
 // Package service is the gRPC RangeService of one region: a thin, strict
-// layer over a segment.Allocator (the etcd-backed segment.Store in
+// layer over a segment.Allocator (the etcd-backed store.Store in
 // production, a fake in tests).
 //
 // The layer does three things and nothing clever:
@@ -13,7 +13,7 @@
 //     clients can tell fenced (stop minting) from backpressure (retry later).
 //     The caller's verified identity, when the server runs mutual TLS, is
 //     put in the context by internal/server/authz's interceptor
-//     (segment.WithIdentity); the store binds leases to it and refuses
+//     (authz.WithIdentity); the store binds leases to it and refuses
 //     other identities with PermissionDenied.
 //   - It watches its own clock. Grants stay safe when the clock moves back
 //     (Lo = max(HWM, now<<12) does not depend on it), but a replica whose
@@ -44,6 +44,8 @@ import (
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/clock"
+	"github.com/idrange/idrange/internal/server/authz"
+	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -90,7 +92,7 @@ type Config struct {
 	// Region is this replica's region (0..3). Requests for another region
 	// are InvalidArgument.
 	Region int
-	// Allocator serves the RPCs (segment.Store in production).
+	// Allocator serves the RPCs (store.Store in production).
 	Allocator segment.Allocator
 	// Clock is the service clock used for rollback detection, HWM lead and
 	// remaining epoch life. Give the store the same clock. Default
@@ -462,7 +464,7 @@ func (s *Service) AcquireLease(ctx context.Context, req *idrangev1.AcquireLeaseR
 		if err := s.checkRegion("region", req.GetRegion()); err != nil {
 			return err
 		}
-		if err := segment.ValidateOwner(req.GetOwner()); err != nil {
+		if err := store.ValidateOwner(req.GetOwner()); err != nil {
 			return err
 		}
 		s.observe()
@@ -472,7 +474,7 @@ func (s *Service) AcquireLease(ctx context.Context, req *idrangev1.AcquireLeaseR
 		}
 		s.metrics.LeaseAcquisitions.Inc()
 		s.log.Info("lease acquired", "worker", l.Worker, "token", l.Token, "lease_id", l.LeaseID,
-			"ttl", l.TTL, "owner", req.GetOwner(), "identity", segment.IdentityFrom(ctx))
+			"ttl", l.TTL, "owner", req.GetOwner(), "identity", authz.IdentityFrom(ctx))
 		resp = &idrangev1.AcquireLeaseResponse{Lease: wire.LeaseToProto(l), TtlMs: l.TTL.Milliseconds()}
 		return nil
 	})
@@ -522,7 +524,7 @@ func (s *Service) ReleaseLease(ctx context.Context, req *idrangev1.ReleaseLeaseR
 			return err
 		}
 		s.metrics.LeaseReleases.Inc()
-		s.log.Info("lease released", "worker", l.Worker, "token", l.Token, "identity", segment.IdentityFrom(ctx))
+		s.log.Info("lease released", "worker", l.Worker, "token", l.Token, "identity", authz.IdentityFrom(ctx))
 		return nil
 	})
 	if err != nil {

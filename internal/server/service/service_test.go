@@ -18,6 +18,7 @@ import (
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/clock"
+	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/internal/testing/grpctest"
 	"github.com/idrange/idrange/segment"
@@ -159,7 +160,7 @@ func TestValidation(t *testing.T) {
 			return err
 		}, "region: 7 not in 0..3"},
 		{"acquire owner too long", func() error {
-			_, err := f.cli.AcquireLease(ctx, &idrangev1.AcquireLeaseRequest{Region: 1, Owner: strings.Repeat("x", segment.MaxOwnerLen+1)})
+			_, err := f.cli.AcquireLease(ctx, &idrangev1.AcquireLeaseRequest{Region: 1, Owner: strings.Repeat("x", store.MaxOwnerLen+1)})
 			return err
 		}, "owner"},
 	}

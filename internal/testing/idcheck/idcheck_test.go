@@ -241,7 +241,7 @@ func BenchmarkCheck10M(b *testing.B) {
 	base := make([]int64, n)
 	ms := snowflake.MsSince(time.Now())
 	for i := range base {
-		base[i] = int64(segment.IDAt(ms<<12+int64(i/800), i%800/200, i%200))
+		base[i] = int64(segment.Block{Region: i % 800 / 200, Worker: i % 200}.ID(ms<<12 + int64(i/800)))
 	}
 	rand.Shuffle(n, func(i, j int) { base[i], base[j] = base[j], base[i] })
 	for b.Loop() {

@@ -18,8 +18,9 @@ import (
 
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/region/regiontest"
+	"github.com/idrange/idrange/internal/server/store"
+	"github.com/idrange/idrange/internal/server/store/etcdstore"
 	"github.com/idrange/idrange/segment"
-	"github.com/idrange/idrange/segment/etcdstore"
 )
 
 // Issue 24: the alert fires on what a real replica exports when a code's
@@ -59,7 +60,7 @@ func TestHighWaterRegressedAlertFiresOnARealReplica(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := op.Put(ctx, stg.HighWaterKey(1, l.Worker), segment.EncodeHighWater(b.Lo)); err != nil {
+	if _, err := op.Put(ctx, stg.HighWaterKey(1, l.Worker), store.EncodeHighWater(b.Lo)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.Allocate(ctx, l, 4096); !errors.Is(err, segment.ErrHighWaterRegressed) {

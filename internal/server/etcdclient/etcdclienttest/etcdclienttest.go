@@ -16,8 +16,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idrange/idrange/internal/server/etcdclient"
+	"github.com/idrange/idrange/internal/server/store/etcdstore"
 	"github.com/idrange/idrange/internal/testing/testpki"
-	"github.com/idrange/idrange/segment/etcdstore"
 )
 
 // TokenTTL is the secure etcd's simple auth token TTL.

@@ -1,4 +1,4 @@
-package segment_test
+package store_test
 
 import (
 	"errors"
@@ -6,13 +6,14 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/segment"
 )
 
 func TestHighWaterEncoding(t *testing.T) {
 	for _, v := range []int64{0, 1, 4096, 123456789, segment.EndL} {
-		s := segment.EncodeHighWater(v)
-		got, err := segment.DecodeHighWater([]byte(s))
+		s := store.EncodeHighWater(v)
+		got, err := store.DecodeHighWater([]byte(s))
 		if err != nil || got != v {
 			t.Errorf("round trip %d -> %q -> %d, %v", v, s, got, err)
 		}
@@ -23,8 +24,8 @@ func TestHighWaterEncoding(t *testing.T) {
 		"v1:" + strconv.FormatInt(segment.EndL+1, 10), "v1:１", "v1:1\x00", "null", `{"v":1}`,
 	}
 	for _, s := range bad {
-		if v, err := segment.DecodeHighWater([]byte(s)); !errors.Is(err, segment.ErrCorrupt) {
-			t.Errorf("DecodeHighWater(%q) = %d, %v; want ErrCorrupt", s, v, err)
+		if v, err := store.DecodeHighWater([]byte(s)); !errors.Is(err, segment.ErrCorrupt) {
+			t.Errorf("DecodeHighWater(%q) = %d, %v; want segment.ErrCorrupt", s, v, err)
 		}
 	}
 }
@@ -37,10 +38,10 @@ func FuzzDecodeHighWater(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		v, err := segment.DecodeHighWater(b)
+		v, err := store.DecodeHighWater(b)
 		if err != nil {
 			if !errors.Is(err, segment.ErrCorrupt) {
-				t.Fatalf("%q: error %v does not wrap ErrCorrupt", b, err)
+				t.Fatalf("%q: error %v does not wrap segment.ErrCorrupt", b, err)
 			}
 			if v != 0 {
 				t.Fatalf("%q: error with value %d", b, v)
@@ -50,30 +51,30 @@ func FuzzDecodeHighWater(f *testing.F) {
 		if v < 0 || v > segment.EndL {
 			t.Fatalf("%q decoded to out-of-range %d", b, v)
 		}
-		if segment.EncodeHighWater(v) != string(b) {
+		if store.EncodeHighWater(v) != string(b) {
 			t.Fatalf("%q decoded to %d, which encodes differently", b, v)
 		}
 	})
 }
 
-func validRecord() segment.OwnerRecord {
-	return segment.OwnerRecord{Version: 1, Region: 3, Worker: 255, LeaseID: 0x7a3b, Owner: "host-a/123 <x&y>", AcquiredUnixMs: 1767225600000}
+func validRecord() store.OwnerRecord {
+	return store.OwnerRecord{Version: 1, Region: 3, Worker: 255, LeaseID: 0x7a3b, Owner: "host-a/123 <x&y>", AcquiredUnixMs: 1767225600000}
 }
 
 func TestOwnerRecordEncoding(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	for i := 0; i < 200; i++ {
-		rec := segment.OwnerRecord{
+		rec := store.OwnerRecord{
 			Version: 1, Region: r.IntN(4), Worker: r.IntN(256), LeaseID: 1 + r.Int64N(1<<62),
 			Owner: "pod-" + strconv.Itoa(r.IntN(1e6)) + "/é", AcquiredUnixMs: 1 + r.Int64N(1<<45),
 		}
-		got, err := segment.DecodeOwnerRecord([]byte(rec.Encode()))
+		got, err := store.DecodeOwnerRecord([]byte(rec.Encode()))
 		if err != nil || got != rec {
 			t.Fatalf("round trip %+v -> %q -> %+v, %v", rec, rec.Encode(), got, err)
 		}
 	}
 	good := validRecord().Encode()
-	mutate := func(f func(*segment.OwnerRecord)) string {
+	mutate := func(f func(*store.OwnerRecord)) string {
 		rec := validRecord()
 		f(&rec)
 		return rec.Encode()
@@ -85,23 +86,23 @@ func TestOwnerRecordEncoding(t *testing.T) {
 		`{"v":1,"v":1,"region":3,"worker":255,"lease_id":31291,"owner":"x","acquired_unix_ms":1767225600000}`,
 		`{"region":3,"v":1,"worker":255,"lease_id":31291,"owner":"x","acquired_unix_ms":1767225600000}`,
 		`{"v":1.0,"region":3,"worker":255,"lease_id":31291,"owner":"x","acquired_unix_ms":1767225600000}`,
-		mutate(func(r *segment.OwnerRecord) { r.Version = 2 }),
-		mutate(func(r *segment.OwnerRecord) { r.Region = 4 }),
-		mutate(func(r *segment.OwnerRecord) { r.Worker = 256 }),
-		mutate(func(r *segment.OwnerRecord) { r.Worker = -1 }),
-		mutate(func(r *segment.OwnerRecord) { r.LeaseID = 0 }),
-		mutate(func(r *segment.OwnerRecord) { r.AcquiredUnixMs = 0 }),
-		mutate(func(r *segment.OwnerRecord) { r.Owner = "tab\there" }),
-		mutate(func(r *segment.OwnerRecord) { r.Owner = string(make([]byte, 300)) }),
-		mutate(func(r *segment.OwnerRecord) { r.Identity = "cn:a" }),                   // version 1 with an identity
-		mutate(func(r *segment.OwnerRecord) { r.Version = 2; r.Identity = "cn:\x00" }), // non-printable identity
-		mutate(func(r *segment.OwnerRecord) { r.Version = 3; r.Identity = "cn:a" }),
+		mutate(func(r *store.OwnerRecord) { r.Version = 2 }),
+		mutate(func(r *store.OwnerRecord) { r.Region = 4 }),
+		mutate(func(r *store.OwnerRecord) { r.Worker = 256 }),
+		mutate(func(r *store.OwnerRecord) { r.Worker = -1 }),
+		mutate(func(r *store.OwnerRecord) { r.LeaseID = 0 }),
+		mutate(func(r *store.OwnerRecord) { r.AcquiredUnixMs = 0 }),
+		mutate(func(r *store.OwnerRecord) { r.Owner = "tab\there" }),
+		mutate(func(r *store.OwnerRecord) { r.Owner = string(make([]byte, 300)) }),
+		mutate(func(r *store.OwnerRecord) { r.Identity = "cn:a" }),                   // version 1 with an identity
+		mutate(func(r *store.OwnerRecord) { r.Version = 2; r.Identity = "cn:\x00" }), // non-printable identity
+		mutate(func(r *store.OwnerRecord) { r.Version = 3; r.Identity = "cn:a" }),
 		`{"v":2,"region":3,"worker":255,"lease_id":31291,"owner":"x","identity":"","acquired_unix_ms":1767225600000}`,
 		`{"v":2,"region":3,"worker":255,"lease_id":31291,"owner":"x","acquired_unix_ms":1767225600000,"identity":"cn:a"}`,
 	}
 	for _, s := range bad {
-		if rec, err := segment.DecodeOwnerRecord([]byte(s)); !errors.Is(err, segment.ErrCorrupt) {
-			t.Errorf("DecodeOwnerRecord(%q) = %+v, %v; want ErrCorrupt", s, rec, err)
+		if rec, err := store.DecodeOwnerRecord([]byte(s)); !errors.Is(err, segment.ErrCorrupt) {
+			t.Errorf("DecodeOwnerRecord(%q) = %+v, %v; want segment.ErrCorrupt", s, rec, err)
 		}
 	}
 }
@@ -113,10 +114,10 @@ func FuzzDecodeOwnerRecord(f *testing.F) {
 	f.Add([]byte(`{"v":1}`))
 	f.Add([]byte(`garbage`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		rec, err := segment.DecodeOwnerRecord(b)
+		rec, err := store.DecodeOwnerRecord(b)
 		if err != nil {
 			if !errors.Is(err, segment.ErrCorrupt) {
-				t.Fatalf("%q: error %v does not wrap ErrCorrupt", b, err)
+				t.Fatalf("%q: error %v does not wrap segment.ErrCorrupt", b, err)
 			}
 			return
 		}
@@ -139,7 +140,7 @@ func TestOwnerRecordIdentityVersions(t *testing.T) {
 	}
 	v2 := validRecord()
 	v2.Version, v2.Identity = 2, "uri:spiffe://idrange.test/minter/a"
-	got, err := segment.DecodeOwnerRecord([]byte(v2.Encode()))
+	got, err := store.DecodeOwnerRecord([]byte(v2.Encode()))
 	if err != nil || got != v2 {
 		t.Fatalf("version 2 round trip %+v -> %s -> %+v, %v", v2, v2.Encode(), got, err)
 	}

@@ -8,8 +8,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/idrange/idrange/segment"
-	"github.com/idrange/idrange/segment/etcdstore"
+	"github.com/idrange/idrange/internal/server/store"
+	"github.com/idrange/idrange/internal/server/store/etcdstore"
 )
 
 // Example shows the life of a worker code on the etcd-backed Store: lease a
@@ -25,7 +25,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	st, err := segment.NewStore(stg, segment.StoreConfig{}) // the grant loop; 10 s leases
+	st, err := store.New(stg, store.Config{}) // the grant loop; 10 s leases
 	if err != nil {
 		log.Fatal(err)
 	}

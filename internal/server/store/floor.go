@@ -1,8 +1,9 @@
-package segment
+package store
 
 import (
 	"fmt"
 
+	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -122,5 +123,5 @@ func regressedErr(region, worker int, floor, hwm int64, key string) error {
 	return fmt.Errorf("region %d worker %d: stored high-water mark %d (%s) is below %d, which this replica "+
 		"already committed or read: the store went back (restored without a restore fence, or written by hand); "+
 		"no grant on this code until it is lifted again (rangesvc admin restore-fence): %w",
-		region, worker, hwm, where, floor, ErrHighWaterRegressed)
+		region, worker, hwm, where, floor, segment.ErrHighWaterRegressed)
 }

@@ -1,10 +1,10 @@
-// Package etcdstore is segment.Storage on etcd: the production home of the
+// Package etcdstore is store.Storage on etcd: the production home of the
 // per-code leases and high-water marks. The grant rule and the fencing
-// decisions live in segment.Store; this package only maps its reads and
+// decisions live in store.Store; this package only maps its reads and
 // compare-and-set writes onto etcd transactions.
 //
 //	stg, err := etcdstore.New(cli, etcdstore.Config{})
-//	store, err := segment.NewStore(stg, segment.StoreConfig{})
+//	store, err := store.New(stg, store.Config{})
 //
 // Key layout under a prefix P (default DefaultPrefix):
 //
@@ -35,6 +35,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -62,14 +63,14 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Storage is segment.Storage on an etcd client. It does not own the client.
+// Storage is store.Storage on an etcd client. It does not own the client.
 type Storage struct {
 	cli  *clientv3.Client
 	keys keys
 	log  *slog.Logger
 }
 
-var _ segment.BatchStorage = (*Storage)(nil)
+var _ store.BatchStorage = (*Storage)(nil)
 
 // New returns a Storage over cli. A bad field is an error wrapping
 // segment.ErrInvalid that names it.
@@ -101,7 +102,7 @@ func (s *Storage) HighWaterKey(region, worker int) string { return s.keys.hwm(re
 // ContentionKey is the etcd key of the contention signal of (region, worker).
 func (s *Storage) ContentionKey(region, worker int) string { return s.keys.contend(region, worker) }
 
-// Grant implements segment.Storage: an etcd lease of ttl (whole seconds).
+// Grant implements store.Storage: an etcd lease of ttl (whole seconds).
 func (s *Storage) Grant(ctx context.Context, ttl time.Duration) (int64, time.Duration, error) {
 	resp, err := s.cli.Grant(ctx, int64(ttl/time.Second))
 	if err != nil {
@@ -110,7 +111,7 @@ func (s *Storage) Grant(ctx context.Context, ttl time.Duration) (int64, time.Dur
 	return int64(resp.ID), time.Duration(resp.TTL) * time.Second, nil
 }
 
-// KeepAlive implements segment.Storage with one KeepAliveOnce.
+// KeepAlive implements store.Storage with one KeepAliveOnce.
 func (s *Storage) KeepAlive(ctx context.Context, id int64) (time.Duration, error) {
 	resp, err := s.cli.KeepAliveOnce(ctx, clientv3.LeaseID(id))
 	switch {
@@ -124,7 +125,7 @@ func (s *Storage) KeepAlive(ctx context.Context, id int64) (time.Duration, error
 	return time.Duration(resp.TTL) * time.Second, nil
 }
 
-// Revoke implements segment.Storage.
+// Revoke implements store.Storage.
 func (s *Storage) Revoke(ctx context.Context, id int64) error {
 	if _, err := s.cli.Revoke(ctx, clientv3.LeaseID(id)); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		return err
@@ -132,18 +133,18 @@ func (s *Storage) Revoke(ctx context.Context, id int64) error {
 	return nil
 }
 
-// Scan implements segment.Storage: one Txn of two prefix reads.
-func (s *Storage) Scan(ctx context.Context, region int) (segment.RegionView, error) {
+// Scan implements store.Storage: one Txn of two prefix reads.
+func (s *Storage) Scan(ctx context.Context, region int) (store.RegionView, error) {
 	lp, hp := s.keys.leasePrefix(region), s.keys.hwmPrefix(region)
 	resp, err := s.cli.Txn(ctx).Then(
 		clientv3.OpGet(lp, clientv3.WithPrefix()),
 		clientv3.OpGet(hp, clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
-		return segment.RegionView{}, err
+		return store.RegionView{}, err
 	}
-	v := segment.RegionView{Rev: resp.Header.Revision, Owners: map[int]segment.Entry{}, HighWaters: map[int]segment.Entry{}}
-	for i, into := range []map[int]segment.Entry{v.Owners, v.HighWaters} {
+	v := store.RegionView{Rev: resp.Header.Revision, Owners: map[int]store.Entry{}, HighWaters: map[int]store.Entry{}}
+	for i, into := range []map[int]store.Entry{v.Owners, v.HighWaters} {
 		prefix := []string{lp, hp}[i]
 		for _, kv := range resp.Responses[i].GetResponseRange().Kvs {
 			w, ok := workerOf(kv.Key, prefix)
@@ -157,11 +158,11 @@ func (s *Storage) Scan(ctx context.Context, region int) (segment.RegionView, err
 	return v, nil
 }
 
-// Code implements segment.Storage: one Txn of three reads.
-func (s *Storage) Code(ctx context.Context, region, worker int) (segment.CodeView, error) {
+// Code implements store.Storage: one Txn of three reads.
+func (s *Storage) Code(ctx context.Context, region, worker int) (store.CodeView, error) {
 	resp, err := s.cli.Txn(ctx).Then(s.codeOps(region, worker)...).Commit()
 	if err != nil {
-		return segment.CodeView{}, err
+		return store.CodeView{}, err
 	}
 	return viewFrom(resp.Header.Revision, resp.Responses), nil
 }
@@ -177,15 +178,15 @@ func (s *Storage) codeOps(region, worker int) []clientv3.Op {
 
 // viewFrom builds a CodeView at revision rev from the responses of a Txn
 // (or nested Txn) whose first three ops were codeOps.
-func viewFrom(rev int64, responses []*etcdserverpb.ResponseOp) segment.CodeView {
-	v := segment.CodeView{Rev: rev, Owner: first(responses[0]), HighWater: first(responses[1])}
+func viewFrom(rev int64, responses []*etcdserverpb.ResponseOp) store.CodeView {
+	v := store.CodeView{Rev: rev, Owner: first(responses[0]), HighWater: first(responses[1])}
 	if c := first(responses[2]); c != nil {
 		v.Contention = c.ModRevision
 	}
 	return v
 }
 
-// CreateOwner implements segment.Storage: If the lease key does not exist
+// CreateOwner implements store.Storage: If the lease key does not exist
 // (CreateRevision 0) and the HWM key is at highWaterRev, put the record with
 // the lease. The token is the Txn's revision.
 func (s *Storage) CreateOwner(ctx context.Context, region, worker int, highWaterRev int64, value []byte, lease int64) (int64, bool, error) {
@@ -201,14 +202,14 @@ func (s *Storage) CreateOwner(ctx context.Context, region, worker int, highWater
 	return resp.Header.Revision, resp.Succeeded, nil
 }
 
-// CommitHighWater implements segment.Storage: the grant Txn. Its Else reads
+// CommitHighWater implements store.Storage: the grant Txn. Its Else reads
 // the code afresh (and writes the contention key if asked), so a failed
 // compare costs no extra round trip.
-func (s *Storage) CommitHighWater(ctx context.Context, region, worker int, c segment.HighWaterCommit) (int64, bool, segment.CodeView, error) {
+func (s *Storage) CommitHighWater(ctx context.Context, region, worker int, c store.HighWaterCommit) (int64, bool, store.CodeView, error) {
 	cmps, then, orElse := s.grantTxn(region, worker, c)
 	resp, err := s.cli.Txn(ctx).If(cmps...).Then(then...).Else(orElse...).Commit()
 	if err != nil {
-		return 0, false, segment.CodeView{}, err
+		return 0, false, store.CodeView{}, err
 	}
 	r := grantResult(resp.Header.Revision, resp.Succeeded, resp.Responses, c)
 	return r.Rev, r.OK, r.Fresh, nil
@@ -229,16 +230,16 @@ const opsPerGrant = 10
 
 var _ = [1]struct{}{}[MaxBatch*opsPerGrant/129] // MaxBatch x opsPerGrant <= 128
 
-// MaxBatch implements segment.BatchStorage.
+// MaxBatch implements store.BatchStorage.
 func (s *Storage) MaxBatch() int { return MaxBatch }
 
-// CommitHighWaters implements segment.BatchStorage: one Txn with no compares
+// CommitHighWaters implements store.BatchStorage: one Txn with no compares
 // of its own whose Then holds one nested Txn per grant (etcd's OpTxn, since
 // etcd 3.3), each with exactly CommitHighWater's compares, Then and Else. A
 // nested Txn whose compares fail takes its Else (the fresh read) without
 // failing the others; all the batch's writes share one revision, one raft
 // entry. A batch of one is sent as CommitHighWater's plain Txn.
-func (s *Storage) CommitHighWaters(ctx context.Context, ops []segment.GrantOp) ([]segment.GrantResult, error) {
+func (s *Storage) CommitHighWaters(ctx context.Context, ops []store.GrantOp) ([]store.GrantResult, error) {
 	switch {
 	case len(ops) == 0:
 		return nil, nil
@@ -250,7 +251,7 @@ func (s *Storage) CommitHighWaters(ctx context.Context, ops []segment.GrantOp) (
 		if err != nil {
 			return nil, err
 		}
-		return []segment.GrantResult{{Rev: rev, OK: ok, Fresh: fresh}}, nil
+		return []store.GrantResult{{Rev: rev, OK: ok, Fresh: fresh}}, nil
 	}
 	nested := make([]clientv3.Op, len(ops))
 	for i, op := range ops {
@@ -264,7 +265,7 @@ func (s *Storage) CommitHighWaters(ctx context.Context, ops []segment.GrantOp) (
 	if len(resp.Responses) != len(ops) {
 		return nil, fmt.Errorf("etcdstore: batch Txn answered %d of %d grants", len(resp.Responses), len(ops))
 	}
-	out := make([]segment.GrantResult, len(ops))
+	out := make([]store.GrantResult, len(ops))
 	for i, op := range ops {
 		r := resp.Responses[i].GetResponseTxn()
 		if r == nil || (!r.Succeeded && len(r.Responses) < 3) {
@@ -279,7 +280,7 @@ func (s *Storage) CommitHighWaters(ctx context.Context, ops []segment.GrantOp) (
 // (the token) and ModRevision and the HWM's and contention key's
 // ModRevisions; then put the HWM; else read the code afresh (and write the
 // contention key if asked).
-func (s *Storage) grantTxn(region, worker int, c segment.HighWaterCommit) (cmps []clientv3.Cmp, then, orElse []clientv3.Op) {
+func (s *Storage) grantTxn(region, worker int, c store.HighWaterCommit) (cmps []clientv3.Cmp, then, orElse []clientv3.Op) {
 	lk, hk, ck := s.keys.lease(region, worker), s.keys.hwm(region, worker), s.keys.contend(region, worker)
 	orElse = s.codeOps(region, worker)
 	if c.Signal {
@@ -296,21 +297,21 @@ func (s *Storage) grantTxn(region, worker int, c segment.HighWaterCommit) (cmps 
 
 // grantResult reads one grant's outcome from its (possibly nested) Txn
 // response at store revision rev.
-func grantResult(rev int64, succeeded bool, responses []*etcdserverpb.ResponseOp, c segment.HighWaterCommit) segment.GrantResult {
+func grantResult(rev int64, succeeded bool, responses []*etcdserverpb.ResponseOp, c store.HighWaterCommit) store.GrantResult {
 	if succeeded {
-		return segment.GrantResult{Rev: rev, OK: true}
+		return store.GrantResult{Rev: rev, OK: true}
 	}
 	v := viewFrom(rev, responses)
 	if c.Signal {
 		// Our Else wrote the contention key at this revision.
 		v.Contention = rev
 	}
-	return segment.GrantResult{Fresh: v}
+	return store.GrantResult{Fresh: v}
 }
 
-// DeleteOwner implements segment.Storage: delete the lease key if its
+// DeleteOwner implements store.Storage: delete the lease key if its
 // CreateRevision is token and it is attached to lease, else read it.
-func (s *Storage) DeleteOwner(ctx context.Context, region, worker int, token, lease int64) (bool, segment.CodeView, error) {
+func (s *Storage) DeleteOwner(ctx context.Context, region, worker int, token, lease int64) (bool, store.CodeView, error) {
 	lk := s.keys.lease(region, worker)
 	resp, err := s.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(lk), "=", token),
@@ -319,16 +320,16 @@ func (s *Storage) DeleteOwner(ctx context.Context, region, worker int, token, le
 		Else(clientv3.OpGet(lk)).
 		Commit()
 	if err != nil {
-		return false, segment.CodeView{}, err
+		return false, store.CodeView{}, err
 	}
 	if resp.Succeeded {
-		return true, segment.CodeView{}, nil
+		return true, store.CodeView{}, nil
 	}
-	return false, segment.CodeView{Rev: resp.Header.Revision, Owner: first(resp.Responses[0])}, nil
+	return false, store.CodeView{Rev: resp.Header.Revision, Owner: first(resp.Responses[0])}, nil
 }
 
 // first is the single key a Get op in a Txn returned, or nil.
-func first(r *etcdserverpb.ResponseOp) *segment.Entry {
+func first(r *etcdserverpb.ResponseOp) *store.Entry {
 	kvs := r.GetResponseRange().GetKvs()
 	if len(kvs) == 0 {
 		return nil
@@ -336,8 +337,8 @@ func first(r *etcdserverpb.ResponseOp) *segment.Entry {
 	return entry(kvs[0])
 }
 
-func entry(kv *mvccpb.KeyValue) *segment.Entry {
-	return &segment.Entry{
+func entry(kv *mvccpb.KeyValue) *store.Entry {
+	return &store.Entry{
 		Key: string(kv.Key), Value: kv.Value,
 		CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision, Lease: kv.Lease,
 	}

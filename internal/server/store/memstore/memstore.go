@@ -1,7 +1,7 @@
-// Package memstore is segment.Storage in memory: versioned bytes, a revision
+// Package memstore is store.Storage in memory: versioned bytes, a revision
 // counter and TTL leases, for tests and the in-memory range service
 // (rangeclient/rangeclienttest). It decides nothing: the grant rule, fencing
-// and value checks run in segment.Store, the same code as over etcd.
+// and value checks run in store.Store, the same code as over etcd.
 //
 // Leases expire by time.Now, checked lazily on every call, so a Storage
 // works inside a testing/synctest bubble.
@@ -13,16 +13,16 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/snowflake"
 )
 
-// Storage is an in-memory segment.Storage. The zero value is not usable;
+// Storage is an in-memory store.Storage. The zero value is not usable;
 // call New. Safe for concurrent use.
 type Storage struct {
 	mu        sync.Mutex
 	rev       int64
-	kvs       map[string]*segment.Entry
+	kvs       map[string]*store.Entry
 	leases    map[int64]*lease
 	nextLease int64
 }
@@ -33,7 +33,7 @@ type lease struct {
 	keys    map[string]bool
 }
 
-var _ segment.BatchStorage = (*Storage)(nil)
+var _ store.BatchStorage = (*Storage)(nil)
 
 // MaxBatch is the most grants one CommitHighWaters accepts: etcdstore's
 // bound, so the Store forms the same batches over both.
@@ -41,7 +41,7 @@ const MaxBatch = 12
 
 // New returns an empty Storage.
 func New() *Storage {
-	return &Storage{kvs: map[string]*segment.Entry{}, leases: map[int64]*lease{}, nextLease: 0x1000}
+	return &Storage{kvs: map[string]*store.Entry{}, leases: map[int64]*lease{}, nextLease: 0x1000}
 }
 
 // Key layout, as etcd's without a prefix.
@@ -89,7 +89,7 @@ func (s *Storage) revokeLocked(id int64) {
 func (s *Storage) putLocked(key string, value []byte, leaseID int64) {
 	e := s.kvs[key]
 	if e == nil {
-		e = &segment.Entry{Key: key, CreateRevision: s.rev}
+		e = &store.Entry{Key: key, CreateRevision: s.rev}
 		s.kvs[key] = e
 	}
 	if e.Lease != 0 && e.Lease != leaseID {
@@ -105,7 +105,7 @@ func (s *Storage) putLocked(key string, value []byte, leaseID int64) {
 	}
 }
 
-func (s *Storage) getLocked(key string) *segment.Entry {
+func (s *Storage) getLocked(key string) *store.Entry {
 	e := s.kvs[key]
 	if e == nil {
 		return nil
@@ -129,8 +129,8 @@ func (s *Storage) createRevLocked(key string) int64 {
 	return 0
 }
 
-func (s *Storage) codeLocked(region, worker int) segment.CodeView {
-	return segment.CodeView{
+func (s *Storage) codeLocked(region, worker int) store.CodeView {
+	return store.CodeView{
 		Rev:        s.rev,
 		Owner:      s.getLocked(LeaseKey(region, worker)),
 		HighWater:  s.getLocked(HighWaterKey(region, worker)),
@@ -190,7 +190,7 @@ func (s *Storage) Leases() int {
 	return len(s.leases)
 }
 
-// Grant implements segment.Storage; the TTL granted is ttl.
+// Grant implements store.Storage; the TTL granted is ttl.
 func (s *Storage) Grant(ctx context.Context, ttl time.Duration) (int64, time.Duration, error) {
 	if err := s.begin(ctx); err != nil {
 		return 0, 0, err
@@ -201,7 +201,7 @@ func (s *Storage) Grant(ctx context.Context, ttl time.Duration) (int64, time.Dur
 	return s.nextLease, ttl, nil
 }
 
-// KeepAlive implements segment.Storage.
+// KeepAlive implements store.Storage.
 func (s *Storage) KeepAlive(ctx context.Context, id int64) (time.Duration, error) {
 	if err := s.begin(ctx); err != nil {
 		return 0, err
@@ -215,7 +215,7 @@ func (s *Storage) KeepAlive(ctx context.Context, id int64) (time.Duration, error
 	return l.ttl, nil
 }
 
-// Revoke implements segment.Storage.
+// Revoke implements store.Storage.
 func (s *Storage) Revoke(ctx context.Context, id int64) error {
 	if err := s.begin(ctx); err != nil {
 		return err
@@ -225,13 +225,13 @@ func (s *Storage) Revoke(ctx context.Context, id int64) error {
 	return nil
 }
 
-// Scan implements segment.Storage.
-func (s *Storage) Scan(ctx context.Context, region int) (segment.RegionView, error) {
+// Scan implements store.Storage.
+func (s *Storage) Scan(ctx context.Context, region int) (store.RegionView, error) {
 	if err := s.begin(ctx); err != nil {
-		return segment.RegionView{}, err
+		return store.RegionView{}, err
 	}
 	defer s.mu.Unlock()
-	v := segment.RegionView{Rev: s.rev, Owners: map[int]segment.Entry{}, HighWaters: map[int]segment.Entry{}}
+	v := store.RegionView{Rev: s.rev, Owners: map[int]store.Entry{}, HighWaters: map[int]store.Entry{}}
 	for w := 0; w <= snowflake.MaxWorker; w++ {
 		if e := s.getLocked(LeaseKey(region, w)); e != nil {
 			v.Owners[w] = *e
@@ -243,16 +243,16 @@ func (s *Storage) Scan(ctx context.Context, region int) (segment.RegionView, err
 	return v, nil
 }
 
-// Code implements segment.Storage.
-func (s *Storage) Code(ctx context.Context, region, worker int) (segment.CodeView, error) {
+// Code implements store.Storage.
+func (s *Storage) Code(ctx context.Context, region, worker int) (store.CodeView, error) {
 	if err := s.begin(ctx); err != nil {
-		return segment.CodeView{}, err
+		return store.CodeView{}, err
 	}
 	defer s.mu.Unlock()
 	return s.codeLocked(region, worker), nil
 }
 
-// CreateOwner implements segment.Storage.
+// CreateOwner implements store.Storage.
 func (s *Storage) CreateOwner(ctx context.Context, region, worker int, highWaterRev int64, value []byte, leaseID int64) (int64, bool, error) {
 	if err := s.begin(ctx); err != nil {
 		return 0, false, err
@@ -270,10 +270,10 @@ func (s *Storage) CreateOwner(ctx context.Context, region, worker int, highWater
 	return s.rev, true, nil
 }
 
-// CommitHighWater implements segment.Storage.
-func (s *Storage) CommitHighWater(ctx context.Context, region, worker int, c segment.HighWaterCommit) (int64, bool, segment.CodeView, error) {
+// CommitHighWater implements store.Storage.
+func (s *Storage) CommitHighWater(ctx context.Context, region, worker int, c store.HighWaterCommit) (int64, bool, store.CodeView, error) {
 	if err := s.begin(ctx); err != nil {
-		return 0, false, segment.CodeView{}, err
+		return 0, false, store.CodeView{}, err
 	}
 	defer s.mu.Unlock()
 	lk, hk, ck := LeaseKey(region, worker), HighWaterKey(region, worker), ContentionKey(region, worker)
@@ -281,7 +281,7 @@ func (s *Storage) CommitHighWater(ctx context.Context, region, worker int, c seg
 		s.modRevLocked(hk) == c.HighWaterRev && s.modRevLocked(ck) == c.ContentionRev {
 		s.rev++
 		s.putLocked(hk, c.Value, 0)
-		return s.rev, true, segment.CodeView{}, nil
+		return s.rev, true, store.CodeView{}, nil
 	}
 	if c.Signal {
 		s.rev++
@@ -290,14 +290,14 @@ func (s *Storage) CommitHighWater(ctx context.Context, region, worker int, c seg
 	return 0, false, s.codeLocked(region, worker), nil
 }
 
-// MaxBatch implements segment.BatchStorage.
+// MaxBatch implements store.BatchStorage.
 func (s *Storage) MaxBatch() int { return MaxBatch }
 
-// CommitHighWaters implements segment.BatchStorage: every op's compares are
+// CommitHighWaters implements store.BatchStorage: every op's compares are
 // checked against the state before the batch, and all writes (grants and
 // contention signals) are applied at one new revision, as one etcd Txn of
 // nested transactions would.
-func (s *Storage) CommitHighWaters(ctx context.Context, ops []segment.GrantOp) ([]segment.GrantResult, error) {
+func (s *Storage) CommitHighWaters(ctx context.Context, ops []store.GrantOp) ([]store.GrantResult, error) {
 	if len(ops) > MaxBatch {
 		return nil, fmt.Errorf("memstore: batch of %d grants, more than %d", len(ops), MaxBatch)
 	}
@@ -313,7 +313,7 @@ func (s *Storage) CommitHighWaters(ctx context.Context, ops []segment.GrantOp) (
 		}
 		seen[k] = true
 	}
-	res := make([]segment.GrantResult, len(ops))
+	res := make([]store.GrantResult, len(ops))
 	write := false
 	for i, op := range ops {
 		c := op.Commit
@@ -342,27 +342,27 @@ func (s *Storage) CommitHighWaters(ctx context.Context, ops []segment.GrantOp) (
 	return res, nil
 }
 
-// DeleteOwner implements segment.Storage.
-func (s *Storage) DeleteOwner(ctx context.Context, region, worker int, token, leaseID int64) (bool, segment.CodeView, error) {
+// DeleteOwner implements store.Storage.
+func (s *Storage) DeleteOwner(ctx context.Context, region, worker int, token, leaseID int64) (bool, store.CodeView, error) {
 	if err := s.begin(ctx); err != nil {
-		return false, segment.CodeView{}, err
+		return false, store.CodeView{}, err
 	}
 	defer s.mu.Unlock()
 	lk := LeaseKey(region, worker)
 	e := s.kvs[lk]
 	if e == nil || e.CreateRevision != token || e.Lease != leaseID {
-		return false, segment.CodeView{Rev: s.rev, Owner: s.getLocked(lk)}, nil
+		return false, store.CodeView{Rev: s.rev, Owner: s.getLocked(lk)}, nil
 	}
 	s.rev++
 	delete(s.kvs, lk)
 	if l := s.leases[e.Lease]; l != nil {
 		delete(l.keys, lk)
 	}
-	return true, segment.CodeView{}, nil
+	return true, store.CodeView{}, nil
 }
 
 // Get returns a copy of the entry under key, or nil if it is absent.
-func (s *Storage) Get(key string) *segment.Entry {
+func (s *Storage) Get(key string) *store.Entry {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.expireLocked()

@@ -22,10 +22,11 @@ import (
 	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/server/embedetcd"
 	"github.com/idrange/idrange/internal/server/embedetcd/embedetcdtest"
+	"github.com/idrange/idrange/internal/server/store"
+	"github.com/idrange/idrange/internal/server/store/etcdstore"
+	"github.com/idrange/idrange/internal/server/store/storetest"
 	"github.com/idrange/idrange/internal/testing/testenv"
 	"github.com/idrange/idrange/segment"
-	"github.com/idrange/idrange/segment/etcdstore"
-	"github.com/idrange/idrange/segment/segmenttest"
 )
 
 // backend is an embedded etcd under the conformance suite; every Storage
@@ -35,16 +36,16 @@ type backend struct {
 	cli *clientv3.Client
 	stg *etcdstore.Storage
 	// open, if set, replaces a new client per Storage (an external etcd).
-	open func(t testing.TB) segment.Storage
+	open func(t testing.TB) store.Storage
 }
 
-func openBackend(t *testing.T) segmenttest.Backend {
+func openBackend(t *testing.T) storetest.Backend {
 	srv := embedetcdtest.StartConfig(t, embedetcd.Config{UnsafeNoFsync: true})
 	cli := embedetcdtest.Client(t, srv)
 	return &backend{srv: srv, cli: cli, stg: newStorage(t, cli)}
 }
 
-func (b *backend) Storage(t testing.TB) segment.Storage {
+func (b *backend) Storage(t testing.TB) store.Storage {
 	if b.open != nil {
 		return b.open(t)
 	}
@@ -90,7 +91,7 @@ func (b *backend) Leases(t testing.TB) int {
 
 // TestConformance runs the grant rule and store tests shared with memstore
 // against etcd.
-func TestConformance(t *testing.T) { segmenttest.Run(t, openBackend) }
+func TestConformance(t *testing.T) { storetest.Run(t, openBackend) }
 
 func newStorage(t testing.TB, cli *clientv3.Client) *etcdstore.Storage {
 	t.Helper()
@@ -101,16 +102,16 @@ func newStorage(t testing.TB, cli *clientv3.Client) *etcdstore.Storage {
 	return stg
 }
 
-func newStore(t testing.TB, cli *clientv3.Client, cfg segment.StoreConfig) *segment.Store {
+func newStore(t testing.TB, cli *clientv3.Client, cfg store.Config) *store.Store {
 	t.Helper()
-	return segmenttest.NewStore(t, newStorage(t, cli), cfg)
+	return storetest.NewStore(t, newStorage(t, cli), cfg)
 }
 
-var testCtx = segmenttest.Ctx
+var testCtx = storetest.Ctx
 
-type counter = segmenttest.Counter
+type counter = storetest.Counter
 
-var checkDisjoint = segmenttest.CheckDisjoint
+var checkDisjoint = storetest.CheckDisjoint
 
 // TestRestartGrantsAboveEarlierBlocks stops etcd and starts it again on the
 // same data dir: new grants (from the old Store with its cached view, and
@@ -120,7 +121,7 @@ func TestRestartGrantsAboveEarlierBlocks(t *testing.T) {
 	t.Parallel() // each test has its own etcd
 	srv := embedetcdtest.Start(t)
 	cli := embedetcdtest.Client(t, srv)
-	st := newStore(t, cli, segment.StoreConfig{LeaseTTL: 30 * time.Second})
+	st := newStore(t, cli, store.Config{LeaseTTL: 30 * time.Second})
 	ctx := testCtx(t)
 	l, err := st.Acquire(ctx, 3, "before-restart")
 	if err != nil {
@@ -149,8 +150,8 @@ func TestRestartGrantsAboveEarlierBlocks(t *testing.T) {
 
 	var off clock.Offset
 	off.Set(-2 * time.Second)
-	fresh := newStore(t, embedetcdtest.Client(t, srv), segment.StoreConfig{Now: off.Now})
-	for i, s := range []*segment.Store{st, fresh, st} {
+	fresh := newStore(t, embedetcdtest.Client(t, srv), store.Config{Now: off.Now})
+	for i, s := range []*store.Store{st, fresh, st} {
 		b, err := s.Allocate(ctx, l, 4096)
 		if err != nil {
 			t.Fatalf("grant %d after restart: %v", i, err)
@@ -171,7 +172,7 @@ func TestLeaseExpiresForReal(t *testing.T) {
 	t.Parallel() // each test has its own etcd
 	srv := embedetcdtest.Start(t)
 	cli := embedetcdtest.Client(t, srv)
-	st := newStore(t, cli, segment.StoreConfig{LeaseTTL: time.Second})
+	st := newStore(t, cli, store.Config{LeaseTTL: time.Second})
 	ctx := testCtx(t)
 	l, err := st.Acquire(ctx, 2, "expiring")
 	if err != nil {
@@ -214,7 +215,7 @@ func TestStoreConfigValidate(t *testing.T) {
 	}
 	defer cli.Close()
 	stg := newStorage(t, cli)
-	bad := map[string]segment.StoreConfig{
+	bad := map[string]store.Config{
 		"LeaseTTL":     {LeaseTTL: 1500 * time.Millisecond},
 		"LeaseTTL ":    {LeaseTTL: 2 * time.Hour},
 		"OpTimeout":    {OpTimeout: -time.Second},
@@ -222,26 +223,26 @@ func TestStoreConfigValidate(t *testing.T) {
 		"MaxLead":      {Policy: segment.Policy{MaxLead: time.Microsecond}},
 	}
 	for field, cfg := range bad {
-		_, err := segment.NewStore(stg, cfg)
+		_, err := store.New(stg, cfg)
 		if !errors.Is(err, segment.ErrInvalid) || !strings.Contains(err.Error(), strings.TrimSpace(field)) {
-			t.Errorf("NewStore(%+v) = %v; want ErrInvalid naming %s", cfg, err, field)
+			t.Errorf("store.New(%+v) = %v; want ErrInvalid naming %s", cfg, err, field)
 		}
 	}
 	if _, err := etcdstore.New(cli, etcdstore.Config{Prefix: "/no/slash"}); !errors.Is(err, segment.ErrInvalid) || !strings.Contains(err.Error(), "prefix") {
 		t.Errorf("etcdstore.New(Prefix /no/slash) = %v; want ErrInvalid naming Prefix", err)
 	}
-	if _, err := segment.NewStore(nil, segment.StoreConfig{}); !errors.Is(err, segment.ErrInvalid) {
-		t.Errorf("NewStore(nil storage) = %v", err)
+	if _, err := store.New(nil, store.Config{}); !errors.Is(err, segment.ErrInvalid) {
+		t.Errorf("store.New(nil storage) = %v", err)
 	}
 	if _, err := etcdstore.New(nil, etcdstore.Config{}); !errors.Is(err, segment.ErrInvalid) {
 		t.Errorf("etcdstore.New(nil client) = %v", err)
 	}
-	st, err := segment.NewStore(stg, segment.StoreConfig{})
+	st, err := store.New(stg, store.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := st.Config(); stg.Prefix() != etcdstore.DefaultPrefix || c.LeaseTTL != segment.DefaultLeaseTTL ||
-		c.Policy != segment.DefaultPolicy() || c.OpTimeout != segment.DefaultOpTimeout {
+	if c := st.Config(); stg.Prefix() != etcdstore.DefaultPrefix || c.LeaseTTL != store.DefaultLeaseTTL ||
+		c.Policy != segment.DefaultPolicy() || c.OpTimeout != store.DefaultOpTimeout {
 		t.Errorf("defaults not applied: %+v, prefix %q", c, stg.Prefix())
 	}
 	if got := stg.HighWaterKey(3, 7); got != "/idrange/v1/r3/hwm/007" {
@@ -282,7 +283,7 @@ func TestUnknownCommitNeverReturnsTheBlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cli.Close() })
-	st := newStore(t, cli, segment.StoreConfig{})
+	st := newStore(t, cli, store.Config{})
 	ctx := testCtx(t)
 	l, err := st.Acquire(ctx, 0, "lossy")
 	if err != nil {
@@ -325,10 +326,10 @@ func TestUnknownCommitNeverReturnsTheBlock(t *testing.T) {
 }
 
 // BenchmarkAllocate measures one grant round trip (a fenced Txn, fsync on)
-// against the embedded etcd. Run: go test -run X -bench Allocate ./segment/etcdstore
+// against the embedded etcd. Run: go test -run X -bench Allocate ./internal/server/store/etcdstore
 func BenchmarkAllocate(b *testing.B) {
 	srv := embedetcdtest.Start(b)
-	st := newStore(b, embedetcdtest.Client(b, srv), segment.StoreConfig{})
+	st := newStore(b, embedetcdtest.Client(b, srv), store.Config{})
 	ctx := testCtx(b)
 	l, err := st.Acquire(ctx, 0, "bench")
 	if err != nil {
@@ -346,9 +347,9 @@ func BenchmarkAllocate(b *testing.B) {
 func BenchmarkAllocateTwoReplicas(b *testing.B) {
 	srv := embedetcdtest.Start(b)
 	obs := &counter{}
-	stores := []*segment.Store{
-		newStore(b, embedetcdtest.Client(b, srv), segment.StoreConfig{Observer: obs}),
-		newStore(b, embedetcdtest.Client(b, srv), segment.StoreConfig{Observer: obs}),
+	stores := []*store.Store{
+		newStore(b, embedetcdtest.Client(b, srv), store.Config{Observer: obs}),
+		newStore(b, embedetcdtest.Client(b, srv), store.Config{Observer: obs}),
 	}
 	ctx := testCtx(b)
 	l, err := stores[0].Acquire(ctx, 0, "bench")
@@ -387,7 +388,7 @@ func currentRev(t testing.TB, cli *clientv3.Client) int64 {
 
 // grantAll runs one Allocate per lease at once (after a common start) and
 // returns each one's block and error.
-func grantAll(ctx context.Context, st *segment.Store, leases []segment.Lease) ([]segment.Block, []error) {
+func grantAll(ctx context.Context, st *store.Store, leases []segment.Lease) ([]segment.Block, []error) {
 	blocks, errs := make([]segment.Block, len(leases)), make([]error, len(leases))
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -417,7 +418,7 @@ func TestGroupCommitFewerRevisions(t *testing.T) {
 
 // checkFewerRevisions is TestGroupCommitFewerRevisions on any etcd.
 func checkFewerRevisions(t *testing.T, cli *clientv3.Client, stg *etcdstore.Storage) {
-	st := segmenttest.NewStore(t, stg, segment.StoreConfig{})
+	st := storetest.NewStore(t, stg, store.Config{})
 	ctx := testCtx(t)
 	const n = 48
 	leases := make([]segment.Lease, n)
@@ -486,7 +487,7 @@ func TestGroupCommitExternalEtcd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	segmenttest.RunGroupCommit(t, &backend{cli: cli, stg: stg, open: func(t testing.TB) segment.Storage { return stg }})
+	storetest.RunGroupCommit(t, &backend{cli: cli, stg: stg, open: func(t testing.TB) store.Storage { return stg }})
 }
 
 // lostBatches is a gRPC interceptor that, when armed, lets a group commit
@@ -521,7 +522,7 @@ func TestUnknownBatchCommitBurnsEveryRange(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cli.Close() })
-	st := newStore(t, cli, segment.StoreConfig{})
+	st := newStore(t, cli, store.Config{})
 	ctx := testCtx(t)
 	const n = 24
 	leases := make([]segment.Lease, n)

@@ -1,9 +1,11 @@
-package segment
+package store
 
 import (
 	"context"
 	"fmt"
+	"time"
 
+	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -108,9 +110,9 @@ func (s *Store) Fence(ctx context.Context, region, worker int, token int64) (Lea
 	}
 	switch {
 	case worker < 0 || worker > snowflake.MaxWorker:
-		return LeaseInfo{}, fmt.Errorf("worker %d not in 0..%d: %w", worker, snowflake.MaxWorker, ErrInvalid)
+		return LeaseInfo{}, fmt.Errorf("worker %d not in 0..%d: %w", worker, snowflake.MaxWorker, segment.ErrInvalid)
 	case token < 0:
-		return LeaseInfo{}, fmt.Errorf("token %d is negative: %w", token, ErrInvalid)
+		return LeaseInfo{}, fmt.Errorf("token %d is negative: %w", token, segment.ErrInvalid)
 	}
 	v, err := s.read(ctx, region, worker)
 	if err != nil {
@@ -119,10 +121,10 @@ func (s *Store) Fence(ctx context.Context, region, worker int, token int64) (Lea
 	e := v.Owner
 	switch {
 	case e == nil:
-		return LeaseInfo{}, fmt.Errorf("fence region %d worker %d: the code has no owner: %w", region, worker, ErrLeaseLost)
+		return LeaseInfo{}, fmt.Errorf("fence region %d worker %d: the code has no owner: %w", region, worker, segment.ErrLeaseLost)
 	case token != 0 && e.CreateRevision != token:
 		return LeaseInfo{}, fmt.Errorf("fence region %d worker %d: the code is owned by token %d, not %d; nothing fenced: %w",
-			region, worker, e.CreateRevision, token, ErrFenced)
+			region, worker, e.CreateRevision, token, segment.ErrFenced)
 	}
 	info := s.leaseInfo(e, region, worker)
 	octx, cancel := s.opCtx(ctx)
@@ -135,10 +137,10 @@ func (s *Store) Fence(ctx context.Context, region, worker int, token int64) (Lea
 	if !ok {
 		if fresh.Owner == nil {
 			return LeaseInfo{}, fmt.Errorf("fence region %d worker %d: token %d went away meanwhile: %w",
-				region, worker, e.CreateRevision, ErrLeaseLost)
+				region, worker, e.CreateRevision, segment.ErrLeaseLost)
 		}
 		return LeaseInfo{}, fmt.Errorf("fence region %d worker %d: token %d was replaced by token %d meanwhile; nothing fenced: %w",
-			region, worker, e.CreateRevision, fresh.Owner.CreateRevision, ErrFenced)
+			region, worker, e.CreateRevision, fresh.Owner.CreateRevision, segment.ErrFenced)
 	}
 	if e.Lease > 0 {
 		s.revoke(ctx, e.Lease)
@@ -146,4 +148,102 @@ func (s *Store) Fence(ctx context.Context, region, worker int, token int64) (Lea
 	s.log.Warn("lease fenced by an operator", "region", region, "worker", worker, "token", e.CreateRevision,
 		"lease_id", e.Lease, "owner", info.Owner)
 	return info, nil
+}
+
+// LeaseInfo describes one live lease, as List reports it.
+type LeaseInfo struct {
+	segment.Lease // TTL is zero: List does not ask the storage for remaining TTLs
+	Owner         string
+	// Identity is the verified identity the lease is bound to ("" if it
+	// was acquired without one).
+	Identity string
+	Acquired time.Time
+	// Err is non-nil (wrapping ErrCorrupt) if the owner record does not
+	// decode; the other fields then hold only what the entry itself says.
+	Err error
+}
+
+// List returns the live leases of region, ordered by worker code.
+func (s *Store) List(ctx context.Context, region int) ([]LeaseInfo, error) {
+	if err := validRegion(region); err != nil {
+		return nil, err
+	}
+	octx, cancel := s.opCtx(ctx)
+	rv, err := s.stg.Scan(octx, region)
+	cancel()
+	if err != nil {
+		return nil, unavailable(err, "region %d: list leases", region)
+	}
+	out := make([]LeaseInfo, 0, len(rv.Owners))
+	for w := 0; w <= snowflake.MaxWorker; w++ {
+		e, ok := rv.Owners[w]
+		if !ok {
+			continue
+		}
+		out = append(out, s.leaseInfo(&e, region, w))
+	}
+	return out, nil
+}
+
+// leaseInfo describes a code's owner entry e; a record that does not decode
+// is reported (and its error kept in Err).
+func (s *Store) leaseInfo(e *Entry, region, worker int) LeaseInfo {
+	info := LeaseInfo{Lease: segment.Lease{Region: region, Worker: worker, Token: e.CreateRevision, LeaseID: e.Lease}}
+	rec, err := s.checkRecord(e, region, worker)
+	if err != nil {
+		info.Err = err
+	} else {
+		info.Owner = rec.Owner
+		info.Identity = rec.Identity
+		info.Acquired = time.UnixMilli(rec.AcquiredUnixMs)
+	}
+	return info
+}
+
+// checkRecord decodes an owner entry and checks it against the code and the
+// lease it is attached to.
+func (s *Store) checkRecord(e *Entry, region, worker int) (OwnerRecord, error) {
+	rec, err := DecodeOwnerRecord(e.Value)
+	if err == nil && (rec.Region != region || rec.Worker != worker) {
+		err = fmt.Errorf("owner record names region %d worker %d: %w", rec.Region, rec.Worker, segment.ErrCorrupt)
+	}
+	if err == nil && rec.LeaseID != e.Lease {
+		err = fmt.Errorf("owner record names lease %x but the entry is attached to %x: %w", rec.LeaseID, e.Lease, segment.ErrCorrupt)
+	}
+	if err != nil {
+		err = fmt.Errorf("key %s: %w", e.Key, err)
+		s.reportCorrupt(e.Key, err)
+	}
+	return rec, err
+}
+
+// HighWater reads the committed HWM of a code: 0 if it never had a grant,
+// ErrCorrupt if the value does not decode, ErrHighWaterRegressed (also
+// ErrCorrupt) if it is below one this Store committed or read before.
+func (s *Store) HighWater(ctx context.Context, region, worker int) (int64, error) {
+	if err := validRegion(region); err != nil {
+		return 0, err
+	}
+	if worker < 0 || worker > snowflake.MaxWorker {
+		return 0, fmt.Errorf("worker %d not in 0..%d: %w", worker, snowflake.MaxWorker, segment.ErrInvalid)
+	}
+	floor := s.floorOf(region, worker)
+	octx, cancel := s.opCtx(ctx)
+	v, err := s.stg.Code(octx, region, worker)
+	cancel()
+	if err != nil {
+		return 0, unavailable(err, "read region %d worker %d", region, worker)
+	}
+	var hwm int64
+	var key string
+	if v.HighWater != nil {
+		key = v.HighWater.Key
+		if hwm, err = DecodeHighWater(v.HighWater.Value); err != nil {
+			return 0, fmt.Errorf("key %s: %w", key, err)
+		}
+	}
+	if err := s.seeHighWater(region, worker, floor, hwm, key); err != nil {
+		return 0, err
+	}
+	return hwm, nil
 }

@@ -1,4 +1,4 @@
-package segment
+package store
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 
 // Storage is what the grant loop (Store) needs from a store: versioned bytes
 // per code, compare-and-set transactions and TTL leases, in the shape of
-// etcd's API. segment/etcdstore implements it on etcd, segment/memstore in
+// etcd's API. internal/server/store/etcdstore implements it on etcd, internal/server/store/memstore in
 // memory. An implementation only stores and compares; every rule (who owns a
 // code, what block to grant, what a value means) is decided by Store, once,
 // for both.

@@ -7,16 +7,17 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idrange/idrange/internal/server/store"
+	"github.com/idrange/idrange/internal/server/store/memstore"
+	"github.com/idrange/idrange/internal/server/store/storetest"
 	"github.com/idrange/idrange/segment"
-	"github.com/idrange/idrange/segment/memstore"
-	"github.com/idrange/idrange/segment/segmenttest"
 )
 
 // backend is memstore under the conformance suite: every Storage call
 // returns the same in-memory store (replicas share it as they share etcd).
 type backend struct{ s *memstore.Storage }
 
-func (b backend) Storage(testing.TB) segment.Storage { return b.s }
+func (b backend) Storage(testing.TB) store.Storage { return b.s }
 func (b backend) Put(t testing.TB, key string, value []byte, lease int64) {
 	t.Helper()
 	if err := b.s.Put(key, value, lease); err != nil {
@@ -36,7 +37,7 @@ func (backend) HighWaterKey(r, w int) string { return memstore.HighWaterKey(r, w
 func (b backend) Leases(testing.TB) int      { return b.s.Leases() }
 
 func TestConformance(t *testing.T) {
-	segmenttest.Run(t, func(*testing.T) segmenttest.Backend { return backend{memstore.New()} })
+	storetest.Run(t, func(*testing.T) storetest.Backend { return backend{memstore.New()} })
 }
 
 // TestLeaseExpiresByTTL: with no renewal the lease's entries disappear
@@ -45,7 +46,7 @@ func TestConformance(t *testing.T) {
 func TestLeaseExpiresByTTL(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
-		st := segmenttest.NewStore(t, memstore.New(), segment.StoreConfig{
+		st := storetest.NewStore(t, memstore.New(), store.Config{
 			LeaseTTL: time.Second,
 			Now:      func() time.Time { return time.Now().AddDate(30, 0, 0) }, // the bubble starts in 2000
 		})

@@ -1,0 +1,137 @@
+package store
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/idrange/idrange/internal/server/authz"
+	"github.com/idrange/idrange/segment"
+)
+
+// fence decides whether l owns its code in view v and the caller (identity)
+// may act on it: nil if so; otherwise ErrInvalid (a token never issued, or
+// a lease_id that is not the one the owner is attached to), ErrLeaseLost
+// (no owner: expired or released), ErrFenced (another token owns the code),
+// ErrCorrupt, or ErrPermissionDenied (the lease is bound to another
+// identity).
+//
+// Identity first. A caller names a lease by its code and token. When that
+// is not the code's live lease, the answer (ErrInvalid, ErrLeaseLost or
+// ErrFenced) is the same whoever asks and says nothing about the live
+// lease: no token, revision or lease id. When it is the live lease, the
+// caller's identity is checked before anything else about it is read or
+// revealed: a caller of another identity gets ErrPermissionDenied and a
+// message naming only the code, so a forged request learns neither the
+// lease id nor whether its guess of it was right. The details of a record
+// that does not decode go to the log, not to the caller.
+//
+// The identity is checked against the owner record whose CreateRevision is
+// l.Token. That record is immutable: nothing rewrites an owner entry, and a
+// new owner is a new entry with a new CreateRevision. Every write that
+// follows a fence is conditional on that same token (the grant compares the
+// owner's CreateRevision and ModRevision, Release deletes only the entry
+// created at l.Token, Renew keeps alive only the lease that record is
+// attached to, which no other record can be), so no other owner can slip in
+// between the check and the act: there is no read-then-act race.
+func (s *Store) fence(l segment.Lease, v CodeView, identity string) error {
+	e := v.Owner
+	switch {
+	case l.Token > v.Rev:
+		return fmt.Errorf("region %d worker %d: the token was never issued: %w", l.Region, l.Worker, segment.ErrInvalid)
+	case e == nil:
+		return fmt.Errorf("region %d worker %d: the lease is gone (expired or released): %w",
+			l.Region, l.Worker, segment.ErrLeaseLost)
+	case e.CreateRevision != l.Token:
+		return fmt.Errorf("region %d worker %d: %w", l.Region, l.Worker, segment.ErrFenced)
+	}
+	rec, err := s.checkRecord(e, l.Region, l.Worker)
+	if err != nil {
+		// checkRecord logged the details (key, lease ids).
+		return fmt.Errorf("region %d worker %d: the owner record is invalid (details in the replica's log): %w",
+			l.Region, l.Worker, segment.ErrCorrupt)
+	}
+	if rec.Identity != identity {
+		return fmt.Errorf("region %d worker %d: %w", l.Region, l.Worker, segment.ErrPermissionDenied)
+	}
+	if e.Lease != l.LeaseID {
+		return fmt.Errorf("region %d worker %d: lease_id %x is not the code's lease: %w", l.Region, l.Worker, l.LeaseID, segment.ErrInvalid)
+	}
+	return nil
+}
+
+// Renew keeps l's storage lease alive once, after checking that l still
+// owns its code. It returns l with the TTL granted. A caller's safety
+// deadline is (time it sent this request) + TTL - margin.
+func (s *Store) Renew(ctx context.Context, l segment.Lease) (segment.Lease, error) {
+	out, err := s.renew(ctx, l)
+	if l.Validate() == nil {
+		s.obs.Renewed(l.Region, l.Worker, err)
+	}
+	return out, err
+}
+
+func (s *Store) renew(ctx context.Context, l segment.Lease) (segment.Lease, error) {
+	if err := l.Validate(); err != nil {
+		return segment.Lease{}, err
+	}
+	v, err := s.read(ctx, l.Region, l.Worker)
+	if err != nil {
+		return segment.Lease{}, err
+	}
+	if err := s.fence(l, v, authz.IdentityFrom(ctx)); err != nil {
+		return segment.Lease{}, err
+	}
+	octx, cancel := s.opCtx(ctx)
+	ttl, err := s.stg.KeepAlive(octx, l.LeaseID)
+	cancel()
+	switch {
+	case err != nil:
+		return segment.Lease{}, unavailable(err, "renew region %d worker %d", l.Region, l.Worker)
+	case ttl <= 0:
+		return segment.Lease{}, fmt.Errorf("region %d worker %d: lease %x expired: %w", l.Region, l.Worker, l.LeaseID, segment.ErrLeaseLost)
+	}
+	l.TTL = ttl
+	return l, nil
+}
+
+// Release deletes l's owner entry (only if l still owns it and the caller's
+// identity is the one the lease is bound to) and revokes its storage lease.
+// The code's HWM stays, so the next owner starts above it.
+func (s *Store) Release(ctx context.Context, l segment.Lease) error {
+	err := s.release(ctx, l)
+	if l.Validate() == nil {
+		s.obs.Released(l.Region, l.Worker, err)
+	}
+	return err
+}
+
+func (s *Store) release(ctx context.Context, l segment.Lease) error {
+	if err := l.Validate(); err != nil {
+		return err
+	}
+	// Check the caller against the record first: the delete below is
+	// conditional on the same token, so it can only delete this record.
+	identity := authz.IdentityFrom(ctx)
+	v, err := s.read(ctx, l.Region, l.Worker)
+	if err != nil {
+		return err
+	}
+	if err := s.fence(l, v, identity); err != nil {
+		return err
+	}
+	octx, cancel := s.opCtx(ctx)
+	ok, fresh, err := s.stg.DeleteOwner(octx, l.Region, l.Worker, l.Token, l.LeaseID)
+	cancel()
+	if err != nil {
+		return unavailable(err, "release region %d worker %d", l.Region, l.Worker)
+	}
+	s.forget(l.Region, l.Worker)
+	if !ok {
+		if err := s.fence(l, fresh, identity); err != nil {
+			return err
+		}
+		return fmt.Errorf("release region %d worker %d: lease changed concurrently: %w", l.Region, l.Worker, segment.ErrFenced)
+	}
+	s.revoke(ctx, l.LeaseID)
+	return nil
+}

@@ -1,0 +1,242 @@
+package storetest
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/idrange/idrange/internal/server/store"
+	"github.com/idrange/idrange/segment"
+)
+
+// testHighWaterRegressed: an operator lowers a code's high-water mark
+// behind the Store's back (to the start of the last block it granted, the
+// issue's duplicate), then deletes it. Each time the next grant on the code
+// is refused with ErrHighWaterRegressed (also ErrCorrupt) in one line naming
+// the code, the key, the Store's floor and the stored value; the Observer
+// hears of it once; the key is left as the operator wrote it; Acquire and
+// FreeCodes skip the code; lifting the mark back to the floor makes the
+// code grantable again, above every block granted before.
+func testHighWaterRegressed(t *testing.T, be Backend) {
+	const region, code = 0, 5
+	obs := &Counter{}
+	st := NewStore(t, be.Storage(t), store.Config{Observer: obs, FirstCode: func(int) int { return code }})
+	ctx := Ctx(t)
+	l, err := st.Acquire(ctx, region, "victim")
+	if err != nil || l.Worker != code {
+		t.Fatalf("Acquire = %+v, %v; want code %d", l, err, code)
+	}
+	var granted []segment.Block
+	for range 3 {
+		b, err := st.Allocate(ctx, l, 4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		granted = append(granted, b)
+	}
+	floor := granted[len(granted)-1].Hi
+	hk := be.HighWaterKey(region, code)
+	refused := func(what string, stored int64, want ...string) {
+		t.Helper()
+		b, err := st.Allocate(ctx, l, 4096)
+		if !errors.Is(err, segment.ErrHighWaterRegressed) || !errors.Is(err, segment.ErrCorrupt) || b != (segment.Block{}) {
+			t.Fatalf("Allocate after %s = %+v, %v; want no block and ErrHighWaterRegressed (and ErrCorrupt)", what, b, err)
+		}
+		msg := err.Error()
+		want = append(want, fmt.Sprintf("worker %d", code), fmt.Sprint(floor), fmt.Sprint(stored))
+		for _, w := range want {
+			if !strings.Contains(msg, w) || strings.Contains(msg, "\n") {
+				t.Fatalf("refusal after %s %q does not say %q on one line", what, msg, w)
+			}
+		}
+		if _, err := st.HighWater(ctx, region, code); !errors.Is(err, segment.ErrHighWaterRegressed) {
+			t.Fatalf("HighWater after %s: %v, want ErrHighWaterRegressed", what, err)
+		}
+	}
+
+	lowered := granted[len(granted)-1].Lo
+	be.Put(t, hk, []byte(store.EncodeHighWater(lowered)), 0)
+	refused("lowering the mark", lowered, hk)
+	refused("a second try", lowered, hk)
+	if n := obs.NRegressed.Load(); n != 1 {
+		t.Fatalf("observer heard of %d regressions, want 1 (once per regressed code, not per call)", n)
+	}
+	if v, ok := be.Get(t, hk); !ok || string(v) != store.EncodeHighWater(lowered) {
+		t.Fatalf("HWM key now %q (present %v); the Store must not rewrite it", v, ok)
+	}
+
+	// Acquire skips the code: with l released, it would be the first tried.
+	if err := st.Release(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	if free, err := st.FreeCodes(ctx, region); err != nil || free != 255 {
+		t.Fatalf("FreeCodes = %d, %v; want 255 (the regressed code is unusable)", free, err)
+	}
+	other, err := st.Acquire(ctx, region, "other")
+	if err != nil || other.Worker == code {
+		t.Fatalf("Acquire with code %d regressed = %+v, %v; want another code", code, other, err)
+	}
+	snap, err := st.Snapshot(ctx, region)
+	if err != nil || !errors.Is(snap.Corrupt[code], segment.ErrHighWaterRegressed) || snap.Free != 254 {
+		t.Fatalf("Snapshot: code %d error %v, %d free, %v; want ErrHighWaterRegressed and 254 free", code, snap.Corrupt[code], snap.Free, err)
+	}
+
+	// Lifted back to the floor (what a restore fence does, and more): usable.
+	be.Put(t, hk, []byte(store.EncodeHighWater(floor)), 0)
+	l, err = st.Acquire(ctx, region, "victim again")
+	if err != nil || l.Worker != code {
+		t.Fatalf("Acquire after the lift = %+v, %v; want code %d", l, err, code)
+	}
+	b, err := st.Allocate(ctx, l, 4096)
+	if err != nil || b.Lo < floor {
+		t.Fatalf("Allocate after the lift = %+v, %v; want a block at or above %d", b, err, floor)
+	}
+	granted = append(granted, b)
+	CheckDisjoint(t, granted)
+	if n := obs.NRecovered.Load(); n != 1 {
+		t.Fatalf("observer heard of %d recoveries, want 1", n)
+	}
+
+	// A deleted mark reads as 0: below the floor too.
+	floor = b.Hi
+	be.Delete(t, hk)
+	refused("deleting the mark", 0, "deleted")
+	if n := obs.NRegressed.Load(); n != 2 {
+		t.Fatalf("observer heard of %d regressions, want 2", n)
+	}
+}
+
+// testFailedCommitFloor: a commit whose outcome is unknown does not raise
+// the Store's floor. When it was not applied, the stored mark is still the
+// last known one and the next grant goes on from it (a floor raised to the
+// lost block's end would stop a healthy code); when it was applied, the
+// next read raises the floor to it, so lowering the mark below the burned
+// range is caught.
+func testFailedCommitFloor(t *testing.T, be Backend) {
+	obs := &Counter{}
+	failing := &lostReply{Storage: be.Storage(t), lostRequest: true}
+	st := NewStore(t, failing, store.Config{Observer: obs})
+	ctx := Ctx(t)
+	l, err := st.Acquire(ctx, 0, "unlucky")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b1, err := st.Allocate(ctx, l, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	failing.armed.Store(true)
+	if _, err := st.Allocate(ctx, l, 4096); !errors.Is(err, segment.ErrUnavailable) {
+		t.Fatalf("Allocate over a failed commit: %v, want ErrUnavailable", err)
+	}
+	b2, err := st.Allocate(ctx, l, 4096)
+	if err != nil || b2.Lo < b1.Hi {
+		t.Fatalf("Allocate after a commit that was not applied = %+v, %v; want a block from %d", b2, err, b1.Hi)
+	}
+	if n := obs.NRegressed.Load(); n != 0 {
+		t.Fatalf("observer heard of %d regressions after a commit that was not applied", n)
+	}
+
+	// Applied but unknown (lostReply): the burned range is above b2; the
+	// next read raises the floor to it.
+	lost := &lostReply{Storage: be.Storage(t)}
+	st2 := NewStore(t, lost, store.Config{Observer: obs})
+	if _, err := st2.Allocate(ctx, l, 4096); err != nil {
+		t.Fatal(err)
+	}
+	lost.armed.Store(true)
+	if _, err := st2.Allocate(ctx, l, 4096); !errors.Is(err, segment.ErrUnavailable) {
+		t.Fatalf("Allocate with a lost reply: %v, want ErrUnavailable", err)
+	}
+	burned, err := st2.HighWater(ctx, 0, l.Worker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	be.Put(t, be.HighWaterKey(0, l.Worker), []byte(store.EncodeHighWater(burned-1)), 0)
+	if _, err := st2.Allocate(ctx, l, 4096); !errors.Is(err, segment.ErrHighWaterRegressed) {
+		t.Fatalf("Allocate after lowering into the burned range: %v, want ErrHighWaterRegressed", err)
+	}
+}
+
+// testNoFalseRegression: reads of a code's mark that race with grants on
+// it, in the same Store and in another replica (Allocate, HighWater,
+// FreeCodes, Snapshot, all at once), never count as a regression: a read
+// is judged only against what the Store knew when it was sent.
+func testNoFalseRegression(t *testing.T, be Backend) {
+	obs := &Counter{}
+	stores := []*store.Store{
+		NewStore(t, be.Storage(t), store.Config{Observer: obs}),
+		NewStore(t, be.Storage(t), store.Config{Observer: obs}),
+	}
+	ctx := Ctx(t)
+	const region, codes, grants = 3, 4, 30
+	leases := make([]segment.Lease, codes)
+	for i := range leases {
+		l, err := stores[0].Acquire(ctx, region, fmt.Sprintf("code-%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases[i] = l
+	}
+	var (
+		wg      sync.WaitGroup
+		granted atomic.Int64
+		stop    = make(chan struct{})
+		errs    = make(chan error, 4*codes+4)
+	)
+	for i := range 2 * codes { // grants: two callers per code, one per replica
+		wg.Go(func() {
+			st, l := stores[i%2], leases[i/2]
+			for range grants {
+				if _, err := st.Allocate(ctx, l, 4096); err != nil {
+					errs <- err
+					return
+				}
+				granted.Add(1)
+			}
+		})
+	}
+	var readers sync.WaitGroup
+	for i := range 4 { // reads on both replicas until the grants end
+		readers.Go(func() {
+			st := stores[i%2]
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				var err error
+				switch n % 3 {
+				case 0:
+					_, err = st.HighWater(ctx, region, leases[n%codes].Worker)
+				case 1:
+					_, err = st.FreeCodes(ctx, region)
+				default:
+					var snap store.RegionSnapshot
+					if snap, err = st.Snapshot(ctx, region); err == nil && len(snap.Corrupt) > 0 {
+						err = fmt.Errorf("snapshot reports %d stopped codes", len(snap.Corrupt))
+					}
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	readers.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if n := obs.NRegressed.Load(); n != 0 {
+		t.Fatalf("observer heard of %d regressions of marks that only grew", n)
+	}
+	t.Logf("%d grants raced with reads on two replicas; no regression reported", granted.Load())
+}
