@@ -49,7 +49,6 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/internal/server/store"
 
-	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/testing/hdr"
 	"github.com/idrange/idrange/internal/testing/idcheck"
@@ -958,7 +957,12 @@ func (w *worker) flush(cfg Config, checker *idcheck.Checker) {
 
 // sleepUntil waits until t and reports whether ctx is still live.
 func sleepUntil(ctx context.Context, t time.Time) bool {
-	return clock.Sleep(ctx, time.Until(t)) == nil
+	select {
+	case <-time.After(time.Until(t)):
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // progress prints a line every ProgressEvery until ctx ends.

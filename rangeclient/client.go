@@ -12,7 +12,6 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -218,8 +217,10 @@ func (c *Client) retryUntil(ctx context.Context, what, goal string, try func() (
 			cause = err
 		}
 		c.log.Warn("rangeclient: "+what+" failed; retrying", "err", err)
-		if serr := clock.Sleep(ctx, bo.next()); serr != nil {
-			return mark(fmt.Errorf("rangeclient: no %s before the context ended: %w", goal, join(serr, cause)), ErrUnavailable)
+		select {
+		case <-time.After(bo.next()):
+		case <-ctx.Done():
+			return mark(fmt.Errorf("rangeclient: no %s before the context ended: %w", goal, join(ctx.Err(), cause)), ErrUnavailable)
 		}
 	}
 }

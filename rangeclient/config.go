@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
-	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -187,8 +186,8 @@ func (c Config) withDefaults() Config {
 			host = "unknown-host"
 		}
 		c.Owner = fmt.Sprintf("%s/%d", host, os.Getpid())
-		if len(c.Owner) > store.MaxOwnerLen {
-			c.Owner = c.Owner[:store.MaxOwnerLen]
+		if len(c.Owner) > segment.MaxOwnerLen {
+			c.Owner = c.Owner[:segment.MaxOwnerLen]
 			for !utf8.ValidString(c.Owner) {
 				c.Owner = c.Owner[:len(c.Owner)-1]
 			}
@@ -245,7 +244,7 @@ func (c Config) Validate() error {
 	if err := checkTargets(c.Targets); err != nil {
 		return err
 	}
-	if err := store.ValidateOwner(c.Owner); err != nil {
+	if err := segment.ValidateOwner(c.Owner); err != nil {
 		return bad("Config.Owner: %w", err)
 	}
 	switch {

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -77,13 +76,13 @@ func TestBlockCheck(t *testing.T) {
 }
 
 func TestValidateOwner(t *testing.T) {
-	for _, ok := range []string{"", "host-a/4242", strings.Repeat("é", store.MaxOwnerLen/2)} {
-		if err := store.ValidateOwner(ok); err != nil {
+	for _, ok := range []string{"", "host-a/4242", strings.Repeat("é", segment.MaxOwnerLen/2)} {
+		if err := segment.ValidateOwner(ok); err != nil {
 			t.Errorf("ValidateOwner(%q) = %v", ok, err)
 		}
 	}
-	for _, bad := range []string{"bad\nowner", strings.Repeat("x", store.MaxOwnerLen+1), "\xff"} {
-		if err := store.ValidateOwner(bad); !errors.Is(err, segment.ErrInvalid) || !strings.Contains(err.Error(), "owner") {
+	for _, bad := range []string{"bad\nowner", strings.Repeat("x", segment.MaxOwnerLen+1), "\xff"} {
+		if err := segment.ValidateOwner(bad); !errors.Is(err, segment.ErrInvalid) || !strings.Contains(err.Error(), "owner") {
 			t.Errorf("ValidateOwner(%q) = %v; want ErrInvalid naming owner", bad, err)
 		}
 	}

@@ -5,8 +5,7 @@ package main
 import (
 	"flag"
 	"log/slog"
-
-	"github.com/idrange/idrange/internal/clock"
+	"time"
 )
 
 // The release build: no fault flags, no signal handler, the system clock.
@@ -22,4 +21,4 @@ type faultConfig struct{}
 func (*faultConfig) register(*flag.FlagSet) {}
 
 // serviceClock is the system clock.
-func (faultConfig) serviceClock(*slog.Logger) (clock.Clock, func()) { return clock.System{}, func() {} }
+func (faultConfig) serviceClock(*slog.Logger) (func() time.Time, func()) { return time.Now, func() {} }

@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idrange/idrange/internal/clock"
+	"github.com/idrange/idrange/internal/testing/fakeclock"
 )
 
 // This file is compiled only with -tags idrange_faults, the build the fault
@@ -38,20 +38,20 @@ func (f *faultConfig) register(fs *flag.FlagSet) {
 
 // serviceClock is the service clock shifted by --fault-clock-offset and, with
 // --fault-clock-file, re-set on every SIGUSR1; stop ends the watcher.
-func (f faultConfig) serviceClock(log *slog.Logger) (clk clock.Clock, stop func()) {
+func (f faultConfig) serviceClock(log *slog.Logger) (clk func() time.Time, stop func()) {
 	log.Warn("TEST-ONLY fault injection enabled", "build_tag", "idrange_faults", "clock_offset", f.ClockOffset,
 		"clock_file", f.ClockFile)
-	off := &clock.Offset{}
+	off := &fakeclock.Offset{}
 	off.Set(f.ClockOffset)
 	if f.ClockFile == "" {
-		return off, func() {}
+		return off.Now, func() {}
 	}
-	return off, watchFaultClockFile(f.ClockFile, off, log)
+	return off.Now, watchFaultClockFile(f.ClockFile, off, log)
 }
 
 // watchFaultClockFile re-reads path on every SIGUSR1 and sets the service
 // clock offset to the Go duration it contains.
-func watchFaultClockFile(path string, clk *clock.Offset, log *slog.Logger) (stop func()) {
+func watchFaultClockFile(path string, clk *fakeclock.Offset, log *slog.Logger) (stop func()) {
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, syscall.SIGUSR1)
 	done := make(chan struct{})

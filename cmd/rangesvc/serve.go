@@ -15,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/server/buildinfo"
 	"github.com/idrange/idrange/internal/server/cli"
 	"github.com/idrange/idrange/internal/server/embedetcd"
@@ -146,13 +145,13 @@ func drain(ctx context.Context, cfg serveConfig, rep *region.Replica, api *httpA
 }
 
 // replicaConfig is the replica `rangesvc serve` runs, from its flags.
-func (c serveConfig) replicaConfig(cli *clientv3.Client, clk clock.Clock, reg *prometheus.Registry, log *slog.Logger) region.ReplicaConfig {
+func (c serveConfig) replicaConfig(cli *clientv3.Client, clk func() time.Time, reg *prometheus.Registry, log *slog.Logger) region.ReplicaConfig {
 	rc := region.ReplicaConfig{
 		Region:        c.Region,
 		Etcd:          cli,
 		Prefix:        c.KeyPrefix,
 		Store:         c.storeConfig(),
-		Clock:         clk,
+		Now:           clk,
 		RollbackBound: c.RollbackBound,
 		EtcdTimeout:   c.EtcdTimeout,
 		Registry:      reg,

@@ -149,7 +149,7 @@ func FuzzServiceRequestValidation(f *testing.F) {
 		)
 		switch method % 4 {
 		case 0:
-			valid = reg == svcRegion && len(owner) <= store.MaxOwnerLen && utf8.ValidString(owner)
+			valid = reg == svcRegion && len(owner) <= segment.MaxOwnerLen && utf8.ValidString(owner)
 			sent = [2]any{int(reg), owner}
 			reply, rerr = svc.AcquireLease(ctx, &idrangev1.AcquireLeaseRequest{Region: reg, Owner: owner})
 		case 1:

@@ -37,7 +37,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
-	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/internal/server/regionid"
 	"github.com/idrange/idrange/internal/server/store"
@@ -75,9 +74,9 @@ type Config struct {
 	Etcd *clientv3.Client
 	// Serving reports the replica's health (Status.serving). Default: true.
 	Serving func() bool
-	// Clock is the service clock leads are measured against. Default
-	// clock.System{}.
-	Clock clock.Clock
+	// Now is the service clock leads are measured against. Default
+	// time.Now.
+	Now func() time.Time
 	// Timeout bounds each RPC's work. Default DefaultTimeout.
 	Timeout time.Duration
 	// Logger receives one audit line per fence, restore fence and alarm
@@ -114,8 +113,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Serving == nil {
 		cfg.Serving = func() bool { return true }
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.System{}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = DefaultTimeout
@@ -158,7 +157,7 @@ func (s *Server) Status(ctx context.Context, _ *idrangev1.StatusRequest) (*idran
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	now := s.cfg.Clock.Now()
+	now := s.cfg.Now()
 	resp := &idrangev1.StatusResponse{
 		Region:           uint32(s.cfg.Region),
 		Serving:          s.cfg.Serving(),
@@ -307,7 +306,7 @@ func (s *Server) ListLeases(ctx context.Context, _ *idrangev1.ListLeasesRequest)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	now := s.cfg.Clock.Now()
+	now := s.cfg.Now()
 	resp := &idrangev1.ListLeasesResponse{
 		Region: uint32(s.cfg.Region), NowUnixMs: now.UnixMilli(), StoreRevision: snap.Rev,
 		Leases: make([]*idrangev1.LeaseRow, len(snap.Leases)),

@@ -77,7 +77,7 @@ type identity struct {
 
 func newIdentity(cfg ReplicaConfig) (*identity, error) {
 	id := &identity{cli: cfg.Etcd, prefix: cfg.Prefix, region: cfg.Region, reg: cfg.RegistryEtcd,
-		regPfx: cfg.RegistryPrefix, now: cfg.Clock.Now, log: cfg.Logger.With("component", "region-identity"),
+		regPfx: cfg.RegistryPrefix, now: cfg.Now, log: cfg.Logger.With("component", "region-identity"),
 		interval: cfg.RegistryCheckInterval, timeout: cfg.EtcdTimeout}
 	if id.regPfx == "" {
 		id.regPfx = regionid.DefaultRegistryPrefix
@@ -447,7 +447,7 @@ func (r *Replica) restoreFence(ctx context.Context, margin time.Duration) (regio
 	}
 	p := r.store.Policy()
 	span := time.Duration((p.MaxBlock+segment.PerMs-1)/segment.PerMs) * time.Millisecond
-	now := r.cfg.Clock.Now()
+	now := r.cfg.Now()
 	to := now.Add(p.MaxLead + span + margin)
 	res, err := regionid.Fence(ctx, r.cfg.Etcd, regionid.FenceOptions{Prefix: r.cfg.Prefix, Region: r.cfg.Region, To: to, Now: now})
 	if err != nil {

@@ -29,7 +29,6 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
-	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/internal/server/embedetcd"
 	"github.com/idrange/idrange/internal/server/service"
@@ -101,9 +100,9 @@ type Config struct {
 	SharedEtcd bool
 	// Store tunes the store.Store (lease TTL, policy, prefix).
 	Store store.Config
-	// Clock is the service clock; pass a *clock.Offset to move it. Default
-	// clock.System{}.
-	Clock clock.Clock
+	// Now is the service clock; pass a fakeclock.Offset's Now to move it.
+	// Default time.Now.
+	Now func() time.Time
 	// NextMinter opens the minter EnableNext installs behind the Next RPC
 	// (a rangeclient.New over the given allocator). nil: EnableNext fails.
 	NextMinter NextFunc
@@ -250,7 +249,7 @@ func (r *Region) start(addr string) error {
 		Region:       r.cfg.Region,
 		Etcd:         r.cli,
 		Store:        r.cfg.Store,
-		Clock:        r.cfg.Clock,
+		Now:          r.cfg.Now,
 		Observer:     r.count,
 		Interceptors: []grpc.UnaryServerInterceptor{r.timeRPC},
 		Logger:       r.cfg.Logger,

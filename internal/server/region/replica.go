@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/reflection"
 
-	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/server/admin"
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/internal/server/etcdspace"
@@ -50,9 +49,9 @@ type ReplicaConfig struct {
 	// Store tunes the store.Store (lease TTL, policy); its Now, Logger and
 	// Observer are set by NewReplica.
 	Store store.Config
-	// Clock is the service clock of the store, the service and the
-	// metrics. Default clock.System{}.
-	Clock clock.Clock
+	// Now is the service clock of the store, the service and the
+	// metrics. Default time.Now.
+	Now func() time.Time
 	// RollbackBound is service.Config.RollbackBound. Zero: the service's
 	// default.
 	RollbackBound time.Duration
@@ -165,8 +164,8 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 	if !mtls && len(cfg.AllowedIdentities)+len(cfg.AdminIdentities) > 0 {
 		return nil, errors.New("region: ReplicaConfig.AllowedIdentities and AdminIdentities need mutual TLS (a TLS config that requires and verifies client certificates)")
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.System{}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	if cfg.Prefix == "" {
 		cfg.Prefix = etcdstore.DefaultPrefix
@@ -182,7 +181,7 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 	}
 	r := &Replica{cfg: cfg, registry: cfg.Registry}
 	var err error
-	if r.metrics, err = service.NewMetrics(cfg.Registry, cfg.Clock); err != nil {
+	if r.metrics, err = service.NewMetrics(cfg.Registry, cfg.Now); err != nil {
 		return nil, err
 	}
 	if err := r.openSpace(); err != nil {
@@ -250,7 +249,7 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 // RangeService, over the replica's own store and etcd client.
 func registerAdmin(r *Replica) error {
 	ac := admin.Config{Region: r.cfg.Region, Store: r.store, Etcd: r.cfg.Etcd,
-		Serving: r.svc.Serving, Clock: r.cfg.Clock, Logger: r.cfg.Logger}
+		Serving: r.svc.Serving, Now: r.cfg.Now, Logger: r.cfg.Logger}
 	if r.ident != nil {
 		ac.RegionRecord, ac.RestoreFence = r.regionRecord, r.restoreFence
 	}
@@ -290,7 +289,7 @@ func (r *Replica) openSpace() error {
 // openStore is the one place a replica's store.Store is constructed.
 func openStore(cfg ReplicaConfig, m *service.Metrics, id *identity) (*store.Store, error) {
 	sc := cfg.Store
-	sc.Now = cfg.Clock.Now
+	sc.Now = cfg.Now
 	sc.Logger = cfg.Logger.With("component", "segment")
 	sc.Observer = m.StoreObserver()
 	if cfg.Observer != nil {
@@ -347,7 +346,7 @@ func (r *Replica) serviceConfig() service.Config {
 	sc := service.Config{
 		Region:        cfg.Region,
 		Allocator:     st,
-		Clock:         cfg.Clock,
+		Now:           cfg.Now,
 		MaxBlock:      int(st.Policy().MaxBlock),
 		RollbackBound: cfg.RollbackBound,
 		StoreCheck: func(ctx context.Context) error {

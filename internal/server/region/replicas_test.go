@@ -9,13 +9,13 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/internal/server/store"
+	"github.com/idrange/idrange/internal/testing/fakeclock"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
-	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/server/embedetcd/embedetcdtest"
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/region/regiontest"
@@ -35,9 +35,9 @@ func TestConcurrentGrantsAcrossReplicas(t *testing.T) {
 	// store's default of 32 lost races per grant is for real traffic (one
 	// owner per code), not for this pile-up.
 	sc := store.Config{MaxConflicts: 1000}
-	off := &clock.Offset{} // replica 1's service clock
+	off := &fakeclock.Offset{} // replica 1's service clock
 	r0 := regiontest.Start(t, region.Config{Region: 2, Etcd: etcd, Store: sc})
-	r1 := regiontest.Start(t, region.Config{Region: 2, Etcd: etcd, Store: sc, Clock: off})
+	r1 := regiontest.Start(t, region.Config{Region: 2, Etcd: etcd, Store: sc, Now: off.Now})
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
 
@@ -64,8 +64,9 @@ func TestConcurrentGrantsAcrossReplicas(t *testing.T) {
 					// send on the dead connection: Unavailable, retryable
 					// (the block, if committed, is a gap).
 					for try := 0; errors.Is(err, segment.ErrUnavailable) && try < 20; try++ {
-						if clock.Sleep(ctx, 50*time.Millisecond) != nil {
-							break
+						select {
+						case <-time.After(50 * time.Millisecond):
+						case <-ctx.Done():
 						}
 						b, err = a.Allocate(ctx, lease, 1000+c*100+i)
 					}

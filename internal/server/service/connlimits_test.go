@@ -15,8 +15,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/emptypb"
-
-	"github.com/idrange/idrange/internal/clock"
 )
 
 // slowService has a unary method, /test.Slow/Wait, that answers after the
@@ -60,10 +58,12 @@ func slowService(started chan<- struct{}) *grpc.ServiceDesc {
 
 // wait returns after d, or with ctx's status when ctx ends first.
 func wait(ctx context.Context, d time.Duration) error {
-	if err := clock.Sleep(ctx, d); err != nil {
-		return status.FromContextError(err).Err()
+	select {
+	case <-time.After(d):
+		return nil
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
 	}
-	return nil
 }
 
 const (

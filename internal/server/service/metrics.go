@@ -8,7 +8,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 
-	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -95,9 +94,9 @@ type Metrics struct {
 
 // NewMetrics creates the metrics and registers them on reg (nil: none).
 // clk is read by the remaining-epoch-life gauge at scrape time.
-func NewMetrics(reg prometheus.Registerer, clk clock.Clock) (*Metrics, error) {
+func NewMetrics(reg prometheus.Registerer, clk func() time.Time) (*Metrics, error) {
 	if clk == nil {
-		clk = clock.System{}
+		clk = time.Now
 	}
 	o := func(name, help string) prometheus.Opts {
 		return prometheus.Opts{Namespace: Namespace, Subsystem: Subsystem, Name: name, Help: help}
@@ -137,7 +136,7 @@ func NewMetrics(reg prometheus.Registerer, clk clock.Clock) (*Metrics, error) {
 		ClockRollbackMs: gauge("clock_rollback_ms", "How far the service clock is behind the highest time it has seen (0 when not rolled back)."),
 		RemainingEpochLife: prometheus.NewGaugeFunc(prometheus.GaugeOpts(o("remaining_epoch_life_seconds",
 			"Time left until the 41-bit timestamp is exhausted.")), func() float64 {
-			return snowflake.RemainingLife(clk.Now()).Seconds()
+			return snowflake.RemainingLife(clk()).Seconds()
 		}),
 		Errors: prometheus.NewCounterVec(prometheus.CounterOpts(o("errors_total",
 			"Failed RPCs by method and gRPC status code.")), []string{"method", "code"}),

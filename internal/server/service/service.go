@@ -43,9 +43,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
-	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/server/authz"
-	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -94,10 +92,10 @@ type Config struct {
 	Region int
 	// Allocator serves the RPCs (store.Store in production).
 	Allocator segment.Allocator
-	// Clock is the service clock used for rollback detection, HWM lead and
+	// Now is the service clock used for rollback detection, HWM lead and
 	// remaining epoch life. Give the store the same clock. Default
-	// clock.System{}.
-	Clock clock.Clock
+	// time.Now.
+	Now func() time.Time
 	// MaxBlock is the largest count accepted (1..segment.MaxBlockLimit).
 	// Default DefaultMaxBlock. Keep it equal to the store's policy limit.
 	MaxBlock int
@@ -137,8 +135,8 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Clock == nil {
-		c.Clock = clock.System{}
+	if c.Now == nil {
+		c.Now = time.Now
 	}
 	if c.MaxBlock == 0 {
 		c.MaxBlock = DefaultMaxBlock
@@ -218,7 +216,7 @@ func New(cfg Config) (*Service, error) {
 	m := cfg.Metrics
 	if m == nil {
 		var err error
-		if m, err = NewMetrics(cfg.Registerer, cfg.Clock); err != nil {
+		if m, err = NewMetrics(cfg.Registerer, cfg.Now); err != nil {
 			return nil, err
 		}
 	}
@@ -357,7 +355,7 @@ func (s *Service) observe() time.Time {
 	// overtaken by a concurrent, later one and show a rollback that never
 	// happened.
 	s.mu.Lock()
-	now := s.cfg.Clock.Now()
+	now := s.cfg.Now()
 	ns := now.UnixNano() // wall time: a stepped clock must show as a rollback
 	if ns > s.maxSeen {
 		s.maxSeen = ns
@@ -464,7 +462,7 @@ func (s *Service) AcquireLease(ctx context.Context, req *idrangev1.AcquireLeaseR
 		if err := s.checkRegion("region", req.GetRegion()); err != nil {
 			return err
 		}
-		if err := store.ValidateOwner(req.GetOwner()); err != nil {
+		if err := segment.ValidateOwner(req.GetOwner()); err != nil {
 			return err
 		}
 		s.observe()

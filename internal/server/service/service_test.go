@@ -17,8 +17,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
-	"github.com/idrange/idrange/internal/clock"
-	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/internal/testing/grpctest"
 	"github.com/idrange/idrange/segment"
@@ -31,7 +29,7 @@ type fakeAlloc struct {
 	mu    sync.Mutex
 	err   error
 	ttl   time.Duration
-	clk   clock.Clock
+	clk   func() time.Time
 	hwm   int64
 }
 
@@ -71,7 +69,7 @@ func (f *fakeAlloc) Allocate(_ context.Context, l segment.Lease, n int) (segment
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	now := f.clk.Now()
+	now := f.clk()
 	lo := max(f.hwm, snowflake.MsSince(now)<<12)
 	f.hwm = lo + int64(n)
 	return segment.Block{Region: l.Region, Worker: l.Worker, Lo: lo, Hi: lo + int64(n),
@@ -103,9 +101,9 @@ type fixture struct {
 func newFixture(t *testing.T, mod func(*Config)) *fixture {
 	t.Helper()
 	clk := newManualClock()
-	fake := &fakeAlloc{ttl: 3 * time.Second, clk: clk}
+	fake := &fakeAlloc{ttl: 3 * time.Second, clk: clk.Now}
 	reg := prometheus.NewRegistry()
-	cfg := Config{Region: 1, Allocator: fake, Clock: clk, Registerer: reg, MaxBlock: 1000}
+	cfg := Config{Region: 1, Allocator: fake, Now: clk.Now, Registerer: reg, MaxBlock: 1000}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -160,7 +158,7 @@ func TestValidation(t *testing.T) {
 			return err
 		}, "region: 7 not in 0..3"},
 		{"acquire owner too long", func() error {
-			_, err := f.cli.AcquireLease(ctx, &idrangev1.AcquireLeaseRequest{Region: 1, Owner: strings.Repeat("x", store.MaxOwnerLen+1)})
+			_, err := f.cli.AcquireLease(ctx, &idrangev1.AcquireLeaseRequest{Region: 1, Owner: strings.Repeat("x", segment.MaxOwnerLen+1)})
 			return err
 		}, "owner"},
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/idrange/idrange/snowflake"
 )
 
-// Acquire leases a free worker code of region for owner (ValidateOwner: for
+// Acquire leases a free worker code of region for owner (segment.ValidateOwner: for
 // operators). It grants a storage lease, then tries the free codes starting
 // at a random one, creating the owner entry only if it does not exist. The
 // token is the revision that created the entry. With every code leased (or
@@ -38,7 +38,7 @@ func (s *Store) acquire(ctx context.Context, region int, owner string) (segment.
 	if err := validRegion(region); err != nil {
 		return segment.Lease{}, err
 	}
-	if err := ValidateOwner(owner); err != nil {
+	if err := segment.ValidateOwner(owner); err != nil {
 		return segment.Lease{}, err
 	}
 	identity := authz.IdentityFrom(ctx)

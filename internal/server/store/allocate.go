@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/segment"
 )
@@ -149,8 +148,10 @@ func (s *Store) allocate(ctx context.Context, l segment.Lease, n int) (segment.B
 			// Only another replica's contention signal failed us: yield a
 			// random one to two round trips so it gets through (if both
 			// signalled, the shorter wait wins), then go again.
-			if err := clock.Sleep(ctx, rtt+rand.N(rtt+time.Millisecond)); err != nil {
-				return segment.Block{}, unavailable(err, "allocate region %d worker %d: yielding to a contending replica", l.Region, l.Worker)
+			select {
+			case <-time.After(rtt + rand.N(rtt+time.Millisecond)):
+			case <-ctx.Done():
+				return segment.Block{}, unavailable(ctx.Err(), "allocate region %d worker %d: yielding to a contending replica", l.Region, l.Worker)
 			}
 			needRead = true // the HWM has most likely moved while we slept
 		}

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/segment"
@@ -20,9 +18,6 @@ import (
 
 // hwmPrefix starts every version-1 high-water mark value.
 const hwmPrefix = "v1:"
-
-// MaxOwnerLen bounds the free-text owner of a lease (bytes of UTF-8).
-const MaxOwnerLen = 256
 
 // EncodeHighWater is the stored form of a high-water mark: "v1:<decimal>".
 func EncodeHighWater(hwm int64) string {
@@ -125,44 +120,13 @@ func DecodeOwnerRecord(b []byte) (OwnerRecord, error) {
 	case r.AcquiredUnixMs <= 0:
 		return OwnerRecord{}, fmt.Errorf("owner record %q: acquired time %d: %w", clip(b), r.AcquiredUnixMs, segment.ErrCorrupt)
 	}
-	if err := checkOwner(r.Owner); err != nil {
+	if err := segment.ValidateOwner(r.Owner); err != nil {
 		return OwnerRecord{}, fmt.Errorf("owner record %q: %v: %w", clip(b), err, segment.ErrCorrupt)
 	}
 	if err := authz.ValidateIdentity(r.Identity); err != nil {
 		return OwnerRecord{}, fmt.Errorf("owner record %q: %v: %w", clip(b), err, segment.ErrCorrupt)
 	}
 	return r, nil
-}
-
-// ValidateOwner is the rule for the free-text owner of a lease (shown to
-// operators): printable UTF-8 of at most MaxOwnerLen bytes. The error wraps
-// ErrInvalid and names the owner.
-func ValidateOwner(s string) error {
-	if err := checkOwner(s); err != nil {
-		return fmt.Errorf("%v: %w", err, segment.ErrInvalid)
-	}
-	return nil
-}
-
-// checkOwner is ValidateOwner without a sentinel, so a stored record that
-// breaks the rule can be reported as ErrCorrupt instead.
-func checkOwner(s string) error { return checkText("owner", s, MaxOwnerLen) }
-
-// checkText is the rule for text stored in an owner record: printable UTF-8
-// of at most max bytes.
-func checkText(what, s string, max int) error {
-	if len(s) > max {
-		return fmt.Errorf("%s is %d bytes, more than %d", what, len(s), max)
-	}
-	if !utf8.ValidString(s) {
-		return fmt.Errorf("%s is not valid UTF-8", what)
-	}
-	for _, r := range s {
-		if !unicode.IsPrint(r) {
-			return fmt.Errorf("%s contains the non-printable character %U", what, r)
-		}
-	}
-	return nil
 }
 
 // clip shortens a stored value for an error message.

@@ -19,12 +19,12 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/idrange/idrange/internal/clock"
 	"github.com/idrange/idrange/internal/server/embedetcd"
 	"github.com/idrange/idrange/internal/server/embedetcd/embedetcdtest"
 	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/server/store/etcdstore"
 	"github.com/idrange/idrange/internal/server/store/storetest"
+	"github.com/idrange/idrange/internal/testing/fakeclock"
 	"github.com/idrange/idrange/internal/testing/testenv"
 	"github.com/idrange/idrange/segment"
 )
@@ -148,7 +148,7 @@ func TestRestartGrantsAboveEarlierBlocks(t *testing.T) {
 		t.Fatalf("restart etcd: %v", err)
 	}
 
-	var off clock.Offset
+	var off fakeclock.Offset
 	off.Set(-2 * time.Second)
 	fresh := newStore(t, embedetcdtest.Client(t, srv), store.Config{Now: off.Now})
 	for i, s := range []*store.Store{st, fresh, st} {

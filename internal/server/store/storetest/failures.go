@@ -252,7 +252,7 @@ func testInvalidFields(t *testing.T, be Backend) {
 			t.Errorf("List(region %d) = %v", region, err)
 		}
 	}
-	for _, owner := range []string{"bad\nowner", strings.Repeat("x", store.MaxOwnerLen+1), "\xff"} {
+	for _, owner := range []string{"bad\nowner", strings.Repeat("x", segment.MaxOwnerLen+1), "\xff"} {
 		if _, err := st.Acquire(ctx, 0, owner); !errors.Is(err, segment.ErrInvalid) || !strings.Contains(err.Error(), "owner") {
 			t.Errorf("Acquire(owner %q) = %v; want ErrInvalid naming owner", owner, err)
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idrange/idrange/internal/server/store"
+	"github.com/idrange/idrange/internal/testing/fakeclock"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -276,7 +277,7 @@ func testConcurrentAcquireDistinctCodes(t *testing.T, be Backend) {
 // grant starts exactly at the HWM; far beyond the lead it is backpressure,
 // and nothing is written.
 func testClockBackStillAboveHWM(t *testing.T, be Backend) {
-	var off offset
+	var off fakeclock.Offset
 	st := NewStore(t, be.Storage(t), store.Config{Now: off.Now})
 	ctx := Ctx(t)
 	l, err := st.Acquire(ctx, 0, "clock")

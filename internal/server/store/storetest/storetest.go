@@ -136,9 +136,3 @@ func RunGroupCommit(t *testing.T, be Backend) {
 	t.Run("BatchOneCompareFailsOthersCommit", func(t *testing.T) { testBatchOneCompareFails(t, be) })
 	t.Run("ConcurrentCodesNeverOverlap", func(t *testing.T) { testConcurrentCodesNeverOverlap(t, be) })
 }
-
-// offset is a service clock that can be moved.
-type offset struct{ d atomic.Int64 }
-
-func (o *offset) Now() time.Time      { return time.Now().Add(time.Duration(o.d.Load())) }
-func (o *offset) Set(d time.Duration) { o.d.Store(int64(d)) }
