@@ -50,6 +50,7 @@ import (
 	"github.com/idrange/idrange/internal/server/store"
 
 	"github.com/idrange/idrange/internal/server/region"
+	"github.com/idrange/idrange/internal/testing/clienttune"
 	"github.com/idrange/idrange/internal/testing/hdr"
 	"github.com/idrange/idrange/internal/testing/idcheck"
 	"github.com/idrange/idrange/internal/testing/machine"
@@ -106,9 +107,14 @@ type Config struct {
 	BurstEvery time.Duration
 	NoBurst    bool
 	// Client is the base rangeclient configuration (RefillInterval,
-	// FixedBlock, PrefetchThreshold, ...); Targets, Region and Owner are set
-	// per worker.
+	// MaxReserve, ...); Targets, Region and Owner are set per worker.
 	Client rangeclient.Config
+	// FixedBlock, PrefetchThreshold and RPCTimeout are the workers'
+	// rangeclient tuning (0: rangeclient's defaults). FixedBlock > 0 pins
+	// every block to that many units (Sweep varies it).
+	FixedBlock        int
+	PrefetchThreshold float64
+	RPCTimeout        time.Duration
 	// Store tunes each region's store.Store.
 	Store store.Config
 	// EtcdPerRegion gives each region its own embedded etcd instead of one
@@ -537,7 +543,7 @@ func newReport(cfg Config) *Report {
 		Fleet: Fleet{
 			Regions: cfg.Regions, Workers: cfg.Workers, TargetRate: cfg.Rate,
 			PerWorkerRate: cfg.Rate / float64(n), Duration: Dur(cfg.Duration), Tick: Dur(cfg.Tick),
-			Etcd: etcdLayout(cfg), RefillInterval: Dur(cfg.Client.RefillInterval), FixedBlock: cfg.Client.FixedBlock,
+			Etcd: etcdLayout(cfg), RefillInterval: Dur(cfg.Client.RefillInterval), FixedBlock: cfg.FixedBlock,
 			CPUHog: cfg.CPUHog,
 		},
 	}
@@ -744,7 +750,8 @@ func startClients(ctx context.Context, env *Env, cfg Config) ([]*worker, int64, 
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			cc := cfg.Client
+			cc := clienttune.With(cfg.Client, clienttune.Tuning{FixedBlock: cfg.FixedBlock,
+				PrefetchThreshold: cfg.PrefetchThreshold, RPCTimeout: cfg.RPCTimeout})
 			cc.Targets = []string{reg.Addr()}
 			cc.Region = reg.RegionID()
 			cc.Owner = fmt.Sprintf("bench/r%d/%d", reg.RegionID(), i%cfg.Workers)

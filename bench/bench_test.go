@@ -182,7 +182,7 @@ func TestSweepWritesChart(t *testing.T) {
 	sr := &SweepReport{}
 	for _, b := range []int{409600, 4096000} {
 		pc := cfg
-		pc.Client.FixedBlock = b
+		pc.FixedBlock = b
 		rep, err := RunOn(context.Background(), env, pc)
 		if err != nil {
 			t.Fatal(err)

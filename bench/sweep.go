@@ -62,7 +62,7 @@ func (s *SweepReport) Err() error {
 	return nil
 }
 
-// Sweep runs the fleet of cfg once per block size (cfg.Client.FixedBlock
+// Sweep runs the fleet of cfg once per block size (cfg.FixedBlock
 // set to each), on one environment, each for cfg.Duration. Every point's
 // IDs are verified. Errors of Next calls are reported per point, not
 // fatal: tiny blocks are expected to overload the store.
@@ -92,7 +92,7 @@ func Sweep(ctx context.Context, cfg Config, blocks []int) (*SweepReport, error) 
 	sr := &SweepReport{Machine: machine.Current(), Started: time.Now().UTC()}
 	for _, b := range blocks {
 		pc := cfg
-		pc.Client.FixedBlock = b
+		pc.FixedBlock = b
 		fmt.Fprintf(cfg.Progress, "bench: sweep point block=%d (%s of span)\n", b, spanString(b))
 		pt := SweepPoint{Block: b, SpanMs: float64(b) / segment.PerMs}
 		rep, err := RunOn(ctx, env, pc)

@@ -11,6 +11,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idrange/idrange/internal/testing/clienttune"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -47,18 +49,18 @@ func TestConfigValidate(t *testing.T) {
 		{"Config.Owner", func(c *Config) { c.Owner = "\xff" }},
 		{"Config.Owner", func(c *Config) { c.Owner = "two\nlines" }}, // the store's rule, checked before dialling
 		{"Config.RefillInterval", func(c *Config) { c.RefillInterval = time.Microsecond }},
-		{"Config.MinBlock", func(c *Config) { c.MinBlock = -5 }},
-		{"Config.MaxBlock", func(c *Config) { c.MinBlock, c.MaxBlock = 100, 50 }},
-		{"Config.MaxBlock", func(c *Config) { c.MaxBlock = math.MaxUint32 + 1 }},
-		{"Config.MaxBlock", func(c *Config) { c.MaxBlock = int(segment.MaxBlockLimit) + 1 }},
-		{"Config.FixedBlock", func(c *Config) { c.FixedBlock = int(segment.MaxBlockLimit) + 1 }},
-		{"Config.FixedBlock", func(c *Config) { c.FixedBlock = -1 }},
-		{"Config.PrefetchThreshold", func(c *Config) { c.PrefetchThreshold = 1.5 }},
-		{"Config.PrefetchThreshold", func(c *Config) { c.PrefetchThreshold = math.NaN() }},
-		{"Config.RPCTimeout", func(c *Config) { c.RPCTimeout = -time.Second }},
+		{"tuning MinBlock", func(c *Config) { c.tune.MinBlock = -5 }},
+		{"tuning MaxBlock", func(c *Config) { c.tune.MinBlock, c.tune.MaxBlock = 100, 50 }},
+		{"tuning MaxBlock", func(c *Config) { c.tune.MaxBlock = math.MaxUint32 + 1 }},
+		{"tuning MaxBlock", func(c *Config) { c.tune.MaxBlock = int(segment.MaxBlockLimit) + 1 }},
+		{"tuning FixedBlock", func(c *Config) { c.tune.FixedBlock = int(segment.MaxBlockLimit) + 1 }},
+		{"tuning FixedBlock", func(c *Config) { c.tune.FixedBlock = -1 }},
+		{"tuning PrefetchThreshold", func(c *Config) { c.tune.PrefetchThreshold = 1.5 }},
+		{"tuning PrefetchThreshold", func(c *Config) { c.tune.PrefetchThreshold = math.NaN() }},
+		{"tuning RPCTimeout", func(c *Config) { c.tune.RPCTimeout = -time.Second }},
 		{"Config.SafetyMargin", func(c *Config) { c.SafetyMargin = -time.Second }},
-		{"Config.RenewPeriod", func(c *Config) { c.RenewPeriod = -time.Second }},
-		{"Config.BackoffMax", func(c *Config) { c.BackoffBase, c.BackoffMax = time.Second, time.Millisecond }},
+		{"tuning RenewPeriod", func(c *Config) { c.tune.RenewPeriod = -time.Second }},
+		{"tuning BackoffMax", func(c *Config) { c.tune.BackoffBase, c.tune.BackoffMax = time.Second, time.Millisecond }},
 	} {
 		cfg := ok
 		tc.edit(&cfg)
@@ -81,7 +83,7 @@ func TestNewRefusesUnsafeMargin(t *testing.T) {
 		if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "SafetyMargin") {
 			t.Fatalf("New = %v", err)
 		}
-		_, err = New(context.Background(), Config{Allocator: svc.Conn(), Region: 1, RenewPeriod: 5 * time.Second})
+		_, err = New(context.Background(), Config{Allocator: svc.Conn(), Region: 1, tune: clienttune.Tuning{RenewPeriod: 5 * time.Second}})
 		if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "RenewPeriod") {
 			t.Fatalf("New = %v", err)
 		}

@@ -6,14 +6,14 @@ import (
 )
 
 // backoff is exponential backoff with full jitter in [d/2, d], between
-// Config.BackoffBase and Config.BackoffMax. Not safe for concurrent use:
+// tuning BackoffBase and tuning BackoffMax. Not safe for concurrent use:
 // each loop owns one.
 type backoff struct {
 	base, max, cur time.Duration
 }
 
 func (c *Client) newBackoff() *backoff {
-	return &backoff{base: c.cfg.BackoffBase, max: c.cfg.BackoffMax}
+	return &backoff{base: c.cfg.tune.BackoffBase, max: c.cfg.tune.BackoffMax}
 }
 
 // next returns the delay before the next attempt and doubles the following.

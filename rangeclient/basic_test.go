@@ -51,7 +51,7 @@ func TestNextFollowsServiceTime(t *testing.T) {
 func TestNextNAndAppendN(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		svc := fakeService(10 * time.Second)
-		c := newTestClient(t, svc.Conn(), func(cfg *Config) { cfg.FixedBlock = 10_000 })
+		c := newTestClient(t, svc.Conn(), func(cfg *Config) { cfg.tune.FixedBlock = 10_000 })
 		ids, err := c.NextN(context.Background(), 25_000) // spans 3 blocks
 		if err != nil {
 			t.Fatal(err)

@@ -24,7 +24,7 @@ func TestConcurrentCallersUniqueAndIncreasing(t *testing.T) {
 	}
 	svc := rangeclienttest.New(rangeclienttest.Options{Region: 1})
 	// Small blocks so that the run crosses many rotations and refills.
-	c := newTestClient(t, svc.Conn(), func(cfg *Config) { cfg.FixedBlock = 50_000 })
+	c := newTestClient(t, svc.Conn(), func(cfg *Config) { cfg.tune.FixedBlock = 50_000 })
 	out := make([][]snowflake.ID, goroutines)
 	var wg sync.WaitGroup
 	errs := make(chan error, goroutines)

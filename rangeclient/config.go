@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/idrange/idrange/internal/testing/clienttune"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -28,27 +29,10 @@ const (
 	// the time-following cursor a block of n linear units lives about
 	// n/4096 ms whatever the rate, so 1 s is 4,096,000 units.
 	DefaultRefillInterval = time.Second
-	// DefaultMinBlock is the smallest block requested: one millisecond.
-	DefaultMinBlock = 1 << snowflake.SequenceBits
-	// DefaultMaxBlock is the largest block requested: 10 s of span, the
-	// service's default limit (larger requests are refused there).
-	DefaultMaxBlock = int(segment.DefaultMaxBlock)
-	// DefaultPrefetchThreshold: the next block is requested when less than
-	// half of the current one's expected life is left.
-	DefaultPrefetchThreshold = 0.5
-	// DefaultIdleTimeout: after this long without a minted ID the client
-	// stops refreshing its blocks (its lease is still renewed).
-	DefaultIdleTimeout = 30 * time.Second
-	// DefaultRPCTimeout bounds every call to the service.
-	DefaultRPCTimeout = time.Second
 	// DefaultSafetyMargin is subtracted from the granted TTL for the safety
 	// deadline. It covers clock-rate differences between this host and the
 	// etcd leader and the client's own detection delay.
 	DefaultSafetyMargin = time.Second
-	// DefaultBackoffBase and DefaultBackoffMax bound the exponential backoff
-	// (with jitter) between failed calls and gRPC reconnects.
-	DefaultBackoffBase = 50 * time.Millisecond
-	DefaultBackoffMax  = 2 * time.Second
 )
 
 // Config configures a Client. Exactly one of Targets and Allocator is
@@ -117,19 +101,6 @@ type Config struct {
 	// units, grown when the client mints faster than 4,096 IDs/ms (see the
 	// package doc), clamped to [MinBlock, MaxBlock].
 	RefillInterval time.Duration
-	// MinBlock and MaxBlock bound the adaptive block size in linear units
-	// (ms<<12|seq). Defaults: 4,096 (1 ms) and 40,960,000 (10 s, the
-	// service's default maximum).
-	MinBlock, MaxBlock int
-	// FixedBlock, when > 0, pins every request to this many units (an
-	// operator override of the adaptive policy; MinBlock and MaxBlock do not
-	// apply). The service may still shrink a grant.
-	FixedBlock int
-	// PrefetchThreshold is the fraction (0, 1] of the current block's
-	// expected life left at which the next block is requested (default 0.5).
-	// The client starts earlier when its observed rate and refill latency say
-	// the threshold is too late: see the package doc.
-	PrefetchThreshold float64
 	// MaxReserve caps the reserve: how far ahead of the clock the client
 	// keeps granted span. By default (0) the reserve reaches one renewal
 	// period and four refill latencies past the lease's safety deadline, so
@@ -143,32 +114,11 @@ type Config struct {
 	// value turns it off: blocks are then fetched only as the current one
 	// runs low, as PrefetchThreshold says.
 	MaxReserve time.Duration
-	// IdleTimeout: when no ID has been minted for this long the client stops
-	// refreshing blocks, so an idle client does not keep advancing its code's
-	// high-water mark; the next Next then waits for one refill (a counted
-	// stall). Default 30 s; negative keeps the buffers warm forever.
-	IdleTimeout time.Duration
-
-	// RPCTimeout bounds each call to the service (default 1 s); Acquire
-	// gets five times as long, because an abandoned Acquire may still take
-	// a code in the service until its TTL ends, and a renewal up to one
-	// RenewPeriod (never past the safety deadline), so a slow etcd does not
-	// cost a lease that still had seconds to live.
-	RPCTimeout time.Duration
 	// SafetyMargin is subtracted from the TTL the service grants: the local
 	// safety deadline is (monotonic time the successful renewal was sent) +
 	// TTL - SafetyMargin. Default 1 s. It must leave room for at least one
 	// renewal: New fails if TTL - SafetyMargin <= RenewPeriod.
 	SafetyMargin time.Duration
-	// RenewPeriod is the time between renewals of the lease. Default: a third
-	// of the safe interval (TTL - SafetyMargin) of the granted lease, so two
-	// renewals can fail before the deadline.
-	RenewPeriod time.Duration
-	// BackoffBase and BackoffMax bound the exponential backoff with jitter
-	// between failed calls (lease, renewal, refill) and gRPC reconnects.
-	// Defaults 50 ms and 2 s.
-	BackoffBase, BackoffMax time.Duration
-
 	// Registerer receives the client's Prometheus metrics (namespace idrange,
 	// subsystem client); nil means no metrics. Several clients in one process
 	// need distinct labels: wrap it with prometheus.WrapRegistererWith.
@@ -176,6 +126,19 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Logger receives lease and refill events; nil discards them.
 	Logger *slog.Logger
+
+	// tune holds the knobs only benchmarks and tests turn (block sizes,
+	// prefetch, idleness, timeouts, renewal period, backoff): set through
+	// internal/testing/clienttune, defaults for everyone else.
+	tune clienttune.Tuning
+}
+
+func init() {
+	clienttune.Register(func(cfg any, t clienttune.Tuning) any {
+		c := cfg.(Config)
+		c.tune = t
+		return c
+	})
 }
 
 // withDefaults returns c with zero fields replaced by their defaults.
@@ -199,30 +162,10 @@ func (c Config) withDefaults() Config {
 	if c.RefillInterval == 0 {
 		c.RefillInterval = DefaultRefillInterval
 	}
-	if c.MinBlock == 0 {
-		c.MinBlock = DefaultMinBlock
-	}
-	if c.MaxBlock == 0 {
-		c.MaxBlock = DefaultMaxBlock
-	}
-	if c.PrefetchThreshold == 0 {
-		c.PrefetchThreshold = DefaultPrefetchThreshold
-	}
-	if c.IdleTimeout == 0 {
-		c.IdleTimeout = DefaultIdleTimeout
-	}
-	if c.RPCTimeout == 0 {
-		c.RPCTimeout = DefaultRPCTimeout
-	}
 	if c.SafetyMargin == 0 {
 		c.SafetyMargin = DefaultSafetyMargin
 	}
-	if c.BackoffBase == 0 {
-		c.BackoffBase = DefaultBackoffBase
-	}
-	if c.BackoffMax == 0 {
-		c.BackoffMax = DefaultBackoffMax
-	}
+	c.tune = c.tune.WithDefaults()
 	return c
 }
 
@@ -252,28 +195,28 @@ func (c Config) Validate() error {
 		return bad("Config.Region %d not in 0..%d", c.Region, snowflake.MaxRegion)
 	case c.RefillInterval < time.Millisecond:
 		return bad("Config.RefillInterval %v must be at least 1ms", c.RefillInterval)
-	case c.MinBlock < 1:
-		return bad("Config.MinBlock %d must be at least 1", c.MinBlock)
-	case c.MaxBlock < c.MinBlock:
-		return bad("Config.MaxBlock %d is below Config.MinBlock %d", c.MaxBlock, c.MinBlock)
-	case int64(c.MaxBlock) > segment.MaxBlockLimit:
-		return bad("Config.MaxBlock %d exceeds the limit %d", c.MaxBlock, segment.MaxBlockLimit)
-	case c.FixedBlock < 0 || int64(c.FixedBlock) > segment.MaxBlockLimit:
-		return bad("Config.FixedBlock %d not in 0..%d (0 = adaptive)", c.FixedBlock, segment.MaxBlockLimit)
-	case !(c.PrefetchThreshold > 0 && c.PrefetchThreshold <= 1): // also rejects NaN
-		return bad("Config.PrefetchThreshold %v not in (0, 1]", c.PrefetchThreshold)
-	case c.RPCTimeout < 0:
-		return bad("Config.RPCTimeout %v is negative", c.RPCTimeout)
+	case c.tune.MinBlock < 1:
+		return bad("tuning MinBlock %d must be at least 1", c.tune.MinBlock)
+	case c.tune.MaxBlock < c.tune.MinBlock:
+		return bad("tuning MaxBlock %d is below tuning MinBlock %d", c.tune.MaxBlock, c.tune.MinBlock)
+	case int64(c.tune.MaxBlock) > segment.MaxBlockLimit:
+		return bad("tuning MaxBlock %d exceeds the limit %d", c.tune.MaxBlock, segment.MaxBlockLimit)
+	case c.tune.FixedBlock < 0 || int64(c.tune.FixedBlock) > segment.MaxBlockLimit:
+		return bad("tuning FixedBlock %d not in 0..%d (0 = adaptive)", c.tune.FixedBlock, segment.MaxBlockLimit)
+	case !(c.tune.PrefetchThreshold > 0 && c.tune.PrefetchThreshold <= 1): // also rejects NaN
+		return bad("tuning PrefetchThreshold %v not in (0, 1]", c.tune.PrefetchThreshold)
+	case c.tune.RPCTimeout < 0:
+		return bad("tuning RPCTimeout %v is negative", c.tune.RPCTimeout)
 	case c.SafetyMargin < 0:
 		return bad("Config.SafetyMargin %v is negative", c.SafetyMargin)
-	case c.RenewPeriod < 0:
-		return bad("Config.RenewPeriod %v is negative", c.RenewPeriod)
-	case c.BackoffBase <= 0:
-		return bad("Config.BackoffBase %v must be positive", c.BackoffBase)
+	case c.tune.RenewPeriod < 0:
+		return bad("tuning RenewPeriod %v is negative", c.tune.RenewPeriod)
+	case c.tune.BackoffBase <= 0:
+		return bad("tuning BackoffBase %v must be positive", c.tune.BackoffBase)
 	case c.Codes < 0 || c.Codes > MaxCodes:
 		return bad("Config.Codes %d not in 0..%d (0 = 1)", c.Codes, MaxCodes)
-	case c.BackoffMax < c.BackoffBase:
-		return bad("Config.BackoffMax %v is below Config.BackoffBase %v", c.BackoffMax, c.BackoffBase)
+	case c.tune.BackoffMax < c.tune.BackoffBase:
+		return bad("tuning BackoffMax %v is below tuning BackoffBase %v", c.tune.BackoffMax, c.tune.BackoffBase)
 	}
 	return nil
 }

@@ -33,10 +33,10 @@ func dialOptions(cfg Config) []grpc.DialOption {
 		grpc.WithTransportCredentials(creds),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff: grpcbackoff.Config{
-				BaseDelay:  cfg.BackoffBase,
+				BaseDelay:  cfg.tune.BackoffBase,
 				Multiplier: 1.6,
 				Jitter:     0.2,
-				MaxDelay:   cfg.BackoffMax,
+				MaxDelay:   cfg.tune.BackoffMax,
 			},
 		}),
 	}
@@ -90,7 +90,7 @@ func (c *Client) learnRegion(ctx context.Context) error {
 		return nil // an in-process Allocator: Region is used as given
 	}
 	return c.retryUntil(ctx, "asking the service for its region", "region from the service", func() (bool, error) {
-		rctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
+		rctx, cancel := context.WithTimeout(ctx, c.cfg.tune.RPCTimeout)
 		region, err := rr.ReplicaRegion(rctx)
 		cancel()
 		switch {

@@ -41,8 +41,10 @@
 // whatever the rate (below 4,096 IDs/ms): block size is a time span, not a
 // count of IDs. The policy, per request:
 //
-//	n = FixedBlock                                           if the operator pinned it
-//	n = clamp(max(RefillInterval_ms*4096, rate*RefillInterval), MinBlock, MaxBlock)   otherwise
+//	n = clamp(max(RefillInterval_ms*4096, rate*RefillInterval), 4096, 40,960,000)
+//
+// (benchmarks can pin n, or move the bounds, through the module's internal
+// tuning hook; users choose RefillInterval).
 //
 // With the default RefillInterval of 1 s that is 4,096,000 units: one refill
 // per second per client whatever its rate, so a slow client does not hold a
@@ -58,7 +60,7 @@
 // validity ends, or until its units run out at the observed rate, whichever
 // is sooner) drops below
 //
-//	max(PrefetchThreshold * expected life of the block, 4 * observed refill latency)
+//	max(0.5 * expected life of the block, 4 * observed refill latency)
 //
 // so a slow service or a fast client starts the prefetch earlier. The hot
 // path helps with an ID-count form of the same threshold: when its cursor

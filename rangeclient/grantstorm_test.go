@@ -17,7 +17,7 @@ import (
 func grantsPerSecond(t *testing.T, flatOut bool) (perSec float64, minted int) {
 	synctest.Test(t, func(t *testing.T) {
 		svc := rangeclienttest.New(rangeclienttest.Options{Region: 1, Start: bubbleStart})
-		c := newTestClient(t, svc.Conn(), func(cfg *Config) { cfg.FixedBlock = 409_600 })
+		c := newTestClient(t, svc.Conn(), func(cfg *Config) { cfg.tune.FixedBlock = 409_600 })
 		ctx := context.Background()
 		buf := make([]snowflake.ID, 0, 4096)
 		mint := func(until time.Time) {

@@ -125,7 +125,7 @@ func raise(a *atomic.Int64, v int64) bool {
 // lease holds a code until its TTL ends, so a loaded service (many clients
 // starting at once) is better waited for than abandoned.
 func (c *Client) acquire(ctx context.Context) (*leaseState, error) {
-	rctx, cancel := context.WithTimeout(ctx, acquireTimeoutFactor*c.cfg.RPCTimeout)
+	rctx, cancel := context.WithTimeout(ctx, acquireTimeoutFactor*c.cfg.tune.RPCTimeout)
 	defer cancel()
 	sent := c.now()
 	sl, err := c.alloc.Acquire(rctx, c.cfg.Region, c.cfg.Owner)
@@ -133,7 +133,7 @@ func (c *Client) acquire(ctx context.Context) (*leaseState, error) {
 		return nil, fmt.Errorf("rangeclient: acquire a worker code in region %d: %w", c.cfg.Region, err)
 	}
 	safe := sl.TTL - c.cfg.SafetyMargin
-	period := c.cfg.RenewPeriod
+	period := c.cfg.tune.RenewPeriod
 	if period == 0 {
 		period = safe / 3
 	}
@@ -147,7 +147,7 @@ func (c *Client) acquire(ctx context.Context) (*leaseState, error) {
 	case safe <= 0:
 		bad = fmt.Errorf("Config.SafetyMargin %v leaves no safe interval of the granted TTL %v: %w", c.cfg.SafetyMargin, sl.TTL, ErrInvalidConfig)
 	case period <= 0 || period >= safe:
-		bad = fmt.Errorf("Config.RenewPeriod %v must be positive and below TTL %v - SafetyMargin %v: %w", period, sl.TTL, c.cfg.SafetyMargin, ErrInvalidConfig)
+		bad = fmt.Errorf("tuning RenewPeriod %v must be positive and below TTL %v - SafetyMargin %v: %w", period, sl.TTL, c.cfg.SafetyMargin, ErrInvalidConfig)
 	}
 	if bad != nil {
 		c.releaseQuietly(c.ctx, sl)
@@ -162,7 +162,7 @@ func (c *Client) acquire(ctx context.Context) (*leaseState, error) {
 // releaseQuietly gives a lease back, best effort (the TTL ends it anyway),
 // within RPCTimeout and until parent ends.
 func (c *Client) releaseQuietly(parent context.Context, sl segment.Lease) error {
-	ctx, cancel := context.WithTimeout(parent, c.cfg.RPCTimeout)
+	ctx, cancel := context.WithTimeout(parent, c.cfg.tune.RPCTimeout)
 	defer cancel()
 	err := c.alloc.Release(ctx, sl)
 	if err != nil {
@@ -280,7 +280,7 @@ func (c *Client) acquireBackoff(d time.Duration) bool {
 // second) cost every client its lease although its deadline was seconds away.
 func (c *Client) renew(l *leaseState, bo *backoff) {
 	sent := c.now()
-	timeout := max(c.cfg.RPCTimeout, time.Duration(l.period))
+	timeout := max(c.cfg.tune.RPCTimeout, time.Duration(l.period))
 	if left := l.safeFor(sent); left > 0 && left < timeout {
 		timeout = left
 	}

@@ -328,7 +328,7 @@ func TestLateRenewalReplyDoesNotStretchTheDeadline(t *testing.T) {
 		c := newTestClient(t, conn, func(cfg *Config) {
 			shortLease(cfg)
 			cfg.RefillInterval = 10 * time.Second // blocks outlive the test: only the lease stops minting
-			cfg.RPCTimeout = 5 * time.Second      // the delayed renewal is not abandoned by the client
+			cfg.tune.RPCTimeout = 5 * time.Second // the delayed renewal is not abandoned by the client
 		})
 		old := c.Lease().Lease
 		var firstSent time.Time

@@ -104,7 +104,7 @@ func mintUntil(t *testing.T, c *Client, limit int, stop func(error) bool) ([]sno
 // its first position to its last, and a block over the range of an earlier
 // one would mint the same IDs again.
 func denseBlocks(cfg *Config) {
-	cfg.FixedBlock = snowflake.MaxSequence + 1
+	cfg.tune.FixedBlock = snowflake.MaxSequence + 1
 	cfg.MaxReserve = -1
 }
 

@@ -7,21 +7,22 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idrange/idrange/internal/testing/clienttune"
 	"github.com/idrange/idrange/rangeclient/rangeclienttest"
 	"github.com/idrange/idrange/snowflake"
 )
 
 func TestBlockCountPolicy(t *testing.T) {
-	c := &Client{cfg: Config{RefillInterval: time.Second, MinBlock: DefaultMinBlock, MaxBlock: DefaultMaxBlock}}
+	c := &Client{cfg: Config{RefillInterval: time.Second, tune: clienttune.Tuning{MinBlock: clienttune.DefaultMinBlock, MaxBlock: clienttune.DefaultMaxBlock}}}
 	for _, tc := range []struct {
 		rate float64
 		want int
 	}{
-		{0, 4_096_000},         // idle: one second of span
-		{1_000, 4_096_000},     // slow: still one second of span (the cursor follows time)
-		{3_000_000, 4_096_000}, // 3,000 IDs/ms fits in the time-following span
-		{8_192_000, 8_192_000}, // dense: 2x capacity -> a block that lasts ~1 s of IDs
-		{1e9, DefaultMaxBlock}, // clamped
+		{0, 4_096_000},                    // idle: one second of span
+		{1_000, 4_096_000},                // slow: still one second of span (the cursor follows time)
+		{3_000_000, 4_096_000},            // 3,000 IDs/ms fits in the time-following span
+		{8_192_000, 8_192_000},            // dense: 2x capacity -> a block that lasts ~1 s of IDs
+		{1e9, clienttune.DefaultMaxBlock}, // clamped
 	} {
 		if got := c.blockCount(tc.rate, 2*time.Millisecond); got != tc.want {
 			t.Errorf("blockCount(%v/s) = %d, want %d", tc.rate, got, tc.want)
@@ -32,11 +33,11 @@ func TestBlockCountPolicy(t *testing.T) {
 		t.Errorf("blockCount with 400 ms refills = %d, want 1.6 s of span", got)
 	}
 	c.cfg.RefillInterval = 10 * time.Millisecond
-	c.cfg.MinBlock = 100_000
+	c.cfg.tune.MinBlock = 100_000
 	if got := c.blockCount(0, 0); got != 100_000 {
 		t.Errorf("MinBlock clamp: %d", got)
 	}
-	c.cfg.FixedBlock = 777
+	c.cfg.tune.FixedBlock = 777
 	if got := c.blockCount(1e9, time.Second); got != 777 {
 		t.Errorf("FixedBlock: %d", got)
 	}
@@ -144,7 +145,7 @@ func TestBackpressureWaits(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const lead = 200 * time.Millisecond
 		svc := rangeclienttest.New(rangeclienttest.Options{Region: 1, Start: bubbleStart, MaxLead: lead})
-		c := newTestClient(t, svc.Conn(), func(cfg *Config) { cfg.FixedBlock = 409_600 }) // 100 ms blocks
+		c := newTestClient(t, svc.Conn(), func(cfg *Config) { cfg.tune.FixedBlock = 409_600 }) // 100 ms blocks
 		// ~366 ms of capacity at once: more than the 200 ms lead allows.
 		const want = 1_500_000
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
@@ -211,7 +212,7 @@ func TestIdleClientStopsRefreshing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		svc := fakeService(10 * time.Second)
 		conn := svc.Conn()
-		c := newTestClient(t, conn, func(cfg *Config) { cfg.IdleTimeout = 3 * time.Second })
+		c := newTestClient(t, conn, func(cfg *Config) { cfg.tune.IdleTimeout = 3 * time.Second })
 		mustNext(t, c)
 		time.Sleep(6 * time.Second) // idle detected, buffered blocks run out
 		before := conn.Calls(rangeclienttest.Allocate)

@@ -89,13 +89,13 @@ func (p *policy) ratePerSec() float64 { return math.Float64frombits(p.rate.Load(
 // whose span is shorter than the time its grant takes to arrive would be
 // over on arrival, every time.
 func (c *Client) blockCount(rate float64, latency time.Duration) int {
-	if c.cfg.FixedBlock > 0 {
-		return c.cfg.FixedBlock
+	if c.cfg.tune.FixedBlock > 0 {
+		return c.cfg.tune.FixedBlock
 	}
 	span := max(c.cfg.RefillInterval, latencyFactor*latency)
 	base := float64(span) / float64(time.Millisecond) * perMsCapacity
 	want := max(base, rate*span.Seconds())
-	want = min(max(want, float64(c.cfg.MinBlock)), float64(c.cfg.MaxBlock))
+	want = min(max(want, float64(c.cfg.tune.MinBlock)), float64(c.cfg.tune.MaxBlock))
 	return int(want)
 }
 
@@ -122,7 +122,7 @@ func (c *Client) sample() int64 {
 }
 
 func (c *Client) idle(now int64) bool {
-	return c.cfg.IdleTimeout >= 0 && now-c.pol.lastActive.Load() >= int64(c.cfg.IdleTimeout)
+	return c.cfg.tune.IdleTimeout >= 0 && now-c.pol.lastActive.Load() >= int64(c.cfg.tune.IdleTimeout)
 }
 
 // timeLeft estimates how long b can still serve at the observed rate: until
@@ -147,14 +147,14 @@ func (c *Client) lead(b *block) int64 {
 	if r := c.pol.ratePerSec(); r > 0 {
 		life = min(life, float64(b.hi-b.lo)/r*1e9)
 	}
-	return max(int64(c.cfg.PrefetchThreshold*life), latencyFactor*c.pol.latency.Load())
+	return max(int64(c.cfg.tune.PrefetchThreshold*life), latencyFactor*c.pol.latency.Load())
 }
 
 // kickAt is the cursor position at which the hot path asks for the next
 // block: the ID-count form of lead.
 func (c *Client) kickAt(b *block) int64 {
 	n := float64(b.hi - b.lo)
-	ids := c.cfg.PrefetchThreshold * n
+	ids := c.cfg.tune.PrefetchThreshold * n
 	if r := c.pol.ratePerSec(); r > 0 {
 		ids = max(ids, r*float64(latencyFactor*c.pol.latency.Load())/1e9)
 	}
@@ -191,12 +191,12 @@ func (c *Client) reserveCount(horizon, target int64) int {
 	if target <= horizon {
 		return 0
 	}
-	if c.cfg.FixedBlock > 0 {
-		return c.cfg.FixedBlock
+	if c.cfg.tune.FixedBlock > 0 {
+		return c.cfg.tune.FixedBlock
 	}
 	span := time.Duration(target-horizon) + c.cfg.RefillInterval
 	n := float64(span) / float64(time.Millisecond) * perMsCapacity
-	return int(min(max(n, float64(c.cfg.MinBlock)), float64(c.cfg.MaxBlock)))
+	return int(min(max(n, float64(c.cfg.tune.MinBlock)), float64(c.cfg.tune.MaxBlock)))
 }
 
 // plan decides whether to request a block now and of what size, and
@@ -293,7 +293,7 @@ func (c *Client) refillLoop() {
 			c.stats.backpressure.Add(1)
 			c.learnMaxAhead()
 			c.setRefillErr(err)
-			d := min(max(bp.RetryAfter, time.Millisecond), c.cfg.BackoffMax)
+			d := min(max(bp.RetryAfter, time.Millisecond), c.cfg.tune.BackoffMax)
 			c.log.Debug("rangeclient: service applies backpressure", "retry_after", bp.RetryAfter)
 			if !sleep(d, nil) {
 				return
@@ -350,7 +350,7 @@ func (c *Client) learnMaxAhead() {
 
 // refillOnce requests one block of n units under l and installs it.
 func (c *Client) refillOnce(l *leaseState, n int) error {
-	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.RPCTimeout)
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.tune.RPCTimeout)
 	sent := c.now()
 	sb, err := c.alloc.Allocate(ctx, l.seg, n)
 	arrive := c.now()

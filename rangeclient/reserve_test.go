@@ -10,6 +10,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/idrange/idrange/internal/testing/clienttune"
 	"github.com/idrange/idrange/rangeclient/rangeclienttest"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -216,7 +217,7 @@ func TestCloseIsBounded(t *testing.T) {
 			c.Close()
 			// An expired lease needs no release: the background one is
 			// cancelled, so no (fake) time passes at all.
-			limit := DefaultRPCTimeout
+			limit := clienttune.DefaultRPCTimeout
 			if expired {
 				limit = 0
 			}
@@ -256,7 +257,7 @@ func TestFixedBlockPinsReserveRequests(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		svc := fakeService(10 * time.Second)
 		const fixed = 100 * perMsCapacity // 100 ms
-		c := newTestClient(t, svc.Conn(), func(cfg *Config) { cfg.FixedBlock = fixed })
+		c := newTestClient(t, svc.Conn(), func(cfg *Config) { cfg.tune.FixedBlock = fixed })
 		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
 			mustNext(t, c)
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idrange/idrange/bench"
 	"github.com/idrange/idrange/internal/server/cli"
+	"github.com/idrange/idrange/internal/testing/clienttune"
 	"github.com/idrange/idrange/rangeclient"
 )
 
@@ -42,9 +43,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		burst         = fs.Int("burst", bench.DefaultBurstSize, "IDs one worker asks for back to back (0: no burst)")
 		burstEvery    = fs.Duration("burst-every", bench.DefaultBurstEvery, "interval between bursts")
 		refill        = fs.Duration("refill-interval", rangeclient.DefaultRefillInterval, "rangeclient RefillInterval (block span)")
-		fixedBlock    = fs.Int("block", 0, "rangeclient FixedBlock in linear units (0: adaptive)")
-		prefetch      = fs.Float64("prefetch", rangeclient.DefaultPrefetchThreshold, "rangeclient PrefetchThreshold (0, 1]")
-		rpcTimeout    = fs.Duration("rpc-timeout", rangeclient.DefaultRPCTimeout, "rangeclient RPCTimeout (each lease/refill call)")
+		fixedBlock    = fs.Int("block", 0, "rangeclient block size in linear units (0: adaptive)")
+		prefetch      = fs.Float64("prefetch", clienttune.DefaultPrefetchThreshold, "rangeclient prefetch threshold (0, 1]")
+		rpcTimeout    = fs.Duration("rpc-timeout", clienttune.DefaultRPCTimeout, "rangeclient RPC timeout (each lease/refill call)")
 		failOnErrors  = fs.Bool("fail-on-errors", false, "exit 1 also when Next calls failed (default: only on a verification failure)")
 		etcdPerRegion = fs.Bool("etcd-per-region", false, "one embedded etcd per region instead of one shared")
 		cpuHog        = fs.Int("cpu-hog", 0, fmt.Sprintf("cores a child process keeps busy during the run, to reproduce overload (0..%d; 0: off)", bench.MaxCPUHog()))
@@ -97,25 +98,23 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
 	}
 	cfg := bench.Config{
-		Logger:        logger,
-		Regions:       *regions,
-		Workers:       *workers,
-		Rate:          *rate,
-		Duration:      *duration,
-		Tick:          *tick,
-		BurstSize:     *burst,
-		BurstEvery:    *burstEvery,
-		NoBurst:       *burst == 0,
-		EtcdPerRegion: *etcdPerRegion,
-		CPUHog:        *cpuHog,
-		SetupTimeout:  *setupTimeout,
-		Progress:      stderr,
-		Client: rangeclient.Config{
-			RefillInterval:    *refill,
-			FixedBlock:        *fixedBlock,
-			PrefetchThreshold: *prefetch,
-			RPCTimeout:        *rpcTimeout,
-		},
+		Logger:            logger,
+		Regions:           *regions,
+		Workers:           *workers,
+		Rate:              *rate,
+		Duration:          *duration,
+		Tick:              *tick,
+		BurstSize:         *burst,
+		BurstEvery:        *burstEvery,
+		NoBurst:           *burst == 0,
+		EtcdPerRegion:     *etcdPerRegion,
+		CPUHog:            *cpuHog,
+		SetupTimeout:      *setupTimeout,
+		Progress:          stderr,
+		Client:            rangeclient.Config{RefillInterval: *refill},
+		FixedBlock:        *fixedBlock,
+		PrefetchThreshold: *prefetch,
+		RPCTimeout:        *rpcTimeout,
 	}
 	if cfg.NoBurst {
 		cfg.BurstSize = 1 // unused; keeps validation simple
@@ -123,7 +122,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := cfg.Validate(); err != nil {
 		return cli.UsageError{Err: err}
 	}
-	if err := cfg.Client.Validate(); err != nil && !isOnlyTargetError(cfg.Client) {
+	tuned := clienttune.With(cfg.Client, clienttune.Tuning{FixedBlock: cfg.FixedBlock,
+		PrefetchThreshold: cfg.PrefetchThreshold, RPCTimeout: cfg.RPCTimeout})
+	if err := tuned.Validate(); err != nil && !isOnlyTargetError(tuned) {
 		return cli.UsageError{Err: err}
 	}
 	if *sweep {

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/idrange/idrange/internal/testing/clienttune"
 	"github.com/idrange/idrange/internal/testing/testenv"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/tlsfiles"
@@ -80,8 +81,8 @@ func TestFloodSubprocess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := rangeclient.New(ctx, rangeclient.Config{Targets: []string{p.GRPCAddr}, TLS: clientTLS, Owner: "flood-test",
-		RenewPeriod: time.Second}) // a call every second: the connection is never idle for --idle-timeout
+	c, err := rangeclient.New(ctx, clienttune.With(rangeclient.Config{Targets: []string{p.GRPCAddr}, TLS: clientTLS, Owner: "flood-test"},
+		clienttune.Tuning{RenewPeriod: time.Second})) // a call every second: the connection is never idle for --idle-timeout
 	if err != nil {
 		t.Fatal(err)
 	}

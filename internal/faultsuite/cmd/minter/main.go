@@ -39,6 +39,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/idrange/idrange/internal/faultsuite/history"
+	"github.com/idrange/idrange/internal/testing/clienttune"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/snowflake"
 	"github.com/idrange/idrange/tlsfiles"
@@ -79,7 +80,7 @@ func parse(args []string) (config, error) {
 	fs.IntVar(&c.rate, "rate", 5000, "IDs per second to mint")
 	fs.IntVar(&c.batch, "batch", 50, "IDs per minting call (NextN)")
 	fs.DurationVar(&c.margin, "safety-margin", rangeclient.DefaultSafetyMargin, "rangeclient SafetyMargin")
-	fs.DurationVar(&c.rpcTimeout, "rpc-timeout", rangeclient.DefaultRPCTimeout, "rangeclient RPCTimeout")
+	fs.DurationVar(&c.rpcTimeout, "rpc-timeout", clienttune.DefaultRPCTimeout, "rangeclient RPCTimeout")
 	fs.DurationVar(&c.callTimeout, "call-timeout", 200*time.Millisecond, "deadline of each minting call")
 	fs.DurationVar(&c.startTimeout, "start-timeout", 60*time.Second, "how long to wait for the first lease and block")
 	fs.DurationVar(&c.duration, "duration", 10*time.Minute, "stop after this long whatever happens (bounds a leaked process)")
@@ -143,17 +144,16 @@ func run(args []string) error {
 			return err
 		}
 	}
-	cfg := rangeclient.Config{
+	cfg := clienttune.With(rangeclient.Config{
 		TLS:            tc,
 		Targets:        c.targets,
 		Region:         c.region,
 		Owner:          c.name,
 		SafetyMargin:   c.margin,
-		RPCTimeout:     c.rpcTimeout,
 		RefillInterval: c.refill,
 		Logger:         log,
 		DialOptions:    []grpc.DialOption{grpc.WithChainUnaryInterceptor(rec.UnaryClientInterceptor())},
-	}
+	}, clienttune.Tuning{RPCTimeout: c.rpcTimeout})
 	if c.stdinEOF {
 		go exitOnStdinEOF(stop)
 	}
