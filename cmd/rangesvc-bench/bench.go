@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/bench"
 	"github.com/idrange/idrange/internal/server/cli"
 	"github.com/idrange/idrange/internal/testing/clienttune"
@@ -190,12 +191,12 @@ func parseInts(s string) ([]int, error) {
 	for _, f := range cli.SplitList(s) {
 		v, err := strconv.Atoi(f)
 		if err != nil || v < 1 {
-			return nil, fmt.Errorf("%q is not a positive integer", f)
+			return nil, errors.Newf("%q is not a positive integer", f)
 		}
 		out = append(out, v)
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("no block sizes")
+		return nil, errors.Newf("no block sizes")
 	}
 	return out, nil
 }

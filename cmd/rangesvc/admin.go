@@ -114,7 +114,7 @@ func parseAdminFlags(args []string, stderr io.Writer) (adminConfig, error) {
 		fs.Func("member", "hex etcd member ID whose NOSPACE alarm to clear (default: every member)", func(s string) error {
 			v, err := strconv.ParseUint(strings.TrimPrefix(s, "0x"), 16, 64)
 			if err != nil || v == 0 {
-				return fmt.Errorf("%q is not a non-zero hex member ID", s)
+				return errors.Newf("%q is not a non-zero hex member ID", s)
 			}
 			c.Member = v
 			return nil

@@ -2,12 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+
+	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/internal/server/cli"
 )
@@ -34,7 +34,7 @@ func forward(name string) func(ctx context.Context, args []string, stdout, stder
 	return func(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		bin, err := lookBench()
 		if err != nil {
-			return fmt.Errorf("%s is in the %s binary, which is not installed next to rangesvc or on $PATH: "+
+			return errors.Newf("%s is in the %s binary, which is not installed next to rangesvc or on $PATH: "+
 				"go install github.com/idrange/idrange/cmd/%s (or go run ./cmd/%s %s)", name, benchBinary, benchBinary, benchBinary, name)
 		}
 		cmd := exec.CommandContext(ctx, bin, append([]string{name}, args...)...)

@@ -2,11 +2,11 @@ package main
 
 import (
 	"crypto/tls"
-	"errors"
 	"flag"
-	"fmt"
 	"strings"
 	"time"
+
+	"github.com/cockroachdb/errors"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -57,7 +57,7 @@ func (f *regionFlags) register(fs *flag.FlagSet) {
 			}
 		}
 		if len(f.RegistryEtcd) == 0 {
-			return fmt.Errorf("no endpoints in %q", s)
+			return errors.Newf("no endpoints in %q", s)
 		}
 		return nil
 	})
@@ -72,14 +72,14 @@ func (f *regionFlags) register(fs *flag.FlagSet) {
 func (f regionFlags) validate() error {
 	for i, e := range f.RegistryEtcd {
 		if err := checkEndpoint(e); err != nil {
-			return fmt.Errorf("--registry-etcd endpoint %d: %w", i+1, err)
+			return errors.Newf("--registry-etcd endpoint %d: %w", i+1, err)
 		}
 	}
 	if err := etcdstore.ValidatePrefix(f.RegistryPrefix); err != nil {
-		return fmt.Errorf("--registry-prefix: %w", err)
+		return errors.Newf("--registry-prefix: %w", err)
 	}
 	if f.RegistryCheckInterval < time.Second {
-		return fmt.Errorf("--registry-check-interval %v must be at least 1s", f.RegistryCheckInterval)
+		return errors.Newf("--registry-check-interval %v must be at least 1s", f.RegistryCheckInterval)
 	}
 	https := false
 	for _, e := range f.RegistryEtcd {
@@ -88,7 +88,7 @@ func (f regionFlags) validate() error {
 	tlsSet := f.RegistryCACert != "" || f.RegistryCert != "" || f.RegistryKey != ""
 	switch {
 	case tlsSet && len(f.RegistryEtcd) == 0:
-		return fmt.Errorf("--registry-cacert, --registry-cert and --registry-key need --registry-etcd")
+		return errors.Newf("--registry-cacert, --registry-cert and --registry-key need --registry-etcd")
 	case !tlsSet && !https:
 		return nil
 	}
@@ -108,9 +108,9 @@ func (f regionFlags) validate() error {
 		var fe *tlsfiles.FileError
 		if errors.As(err, &fe) {
 			flag := map[string]string{"cert": "--registry-cert", "key": "--registry-key", "ca": "--registry-cacert"}[fe.Role]
-			return fmt.Errorf("%s: %v", flag, err)
+			return errors.Newf("%s: %v", flag, err)
 		}
-		return fmt.Errorf("registry TLS: %v", err)
+		return errors.Newf("registry TLS: %v", err)
 	}
 	if f.registryTLS != nil {
 		*f.registryTLS = tc
@@ -131,7 +131,7 @@ func (f regionFlags) openRegistry(timeout time.Duration) (*clientv3.Client, erro
 	}
 	cli, err := clientv3.New(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("--registry-etcd %s: %w", strings.Join(f.RegistryEtcd, ","), err)
+		return nil, errors.Newf("--registry-etcd %s: %w", strings.Join(f.RegistryEtcd, ","), err)
 	}
 	return cli, nil
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/internal/server/cli"
 	"github.com/idrange/idrange/internal/server/etcdspace"
 	"github.com/idrange/idrange/internal/server/region"
@@ -164,7 +165,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 			}
 		}
 		if len(c.Etcd) == 0 {
-			return fmt.Errorf("no endpoints in %q", s)
+			return errors.Newf("no endpoints in %q", s)
 		}
 		return nil
 	})
@@ -214,13 +215,13 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 func (c serveConfig) Validate() error {
 	switch {
 	case c.Region == -1:
-		return fmt.Errorf("--region is required (0..%d)", snowflake.MaxRegion)
+		return errors.Newf("--region is required (0..%d)", snowflake.MaxRegion)
 	case c.Region < 0 || c.Region > snowflake.MaxRegion:
-		return fmt.Errorf("--region %d not in 0..%d", c.Region, snowflake.MaxRegion)
+		return errors.Newf("--region %d not in 0..%d", c.Region, snowflake.MaxRegion)
 	case c.dataDirSet && len(c.Etcd) > 0:
-		return fmt.Errorf("--data-dir and --etcd are mutually exclusive (--data-dir is for the embedded etcd)")
+		return errors.Newf("--data-dir and --etcd are mutually exclusive (--data-dir is for the embedded etcd)")
 	case c.DataDir == "" && len(c.Etcd) == 0:
-		return fmt.Errorf("--data-dir must not be empty")
+		return errors.Newf("--data-dir must not be empty")
 	}
 	if err := checkHostPort("--listen", c.Listen); err != nil {
 		return err
@@ -233,7 +234,7 @@ func (c serveConfig) Validate() error {
 	}
 	for i, e := range c.Etcd {
 		if err := checkEndpoint(e); err != nil {
-			return fmt.Errorf("--etcd endpoint %d: %w", i+1, err)
+			return errors.Newf("--etcd endpoint %d: %w", i+1, err)
 		}
 	}
 	if len(c.Etcd) == 0 {
@@ -245,21 +246,21 @@ func (c serveConfig) Validate() error {
 	}
 	switch {
 	case c.LeaseTTL < 2*time.Second || c.LeaseTTL%time.Second != 0:
-		return fmt.Errorf("--lease-ttl %v must be whole seconds, at least 2s", c.LeaseTTL)
+		return errors.Newf("--lease-ttl %v must be whole seconds, at least 2s", c.LeaseTTL)
 	case c.MaxBlock < 1 || int64(c.MaxBlock) > segment.MaxBlockLimit:
-		return fmt.Errorf("--max-block %d not in 1..%d", c.MaxBlock, segment.MaxBlockLimit)
+		return errors.Newf("--max-block %d not in 1..%d", c.MaxBlock, segment.MaxBlockLimit)
 	case c.MaxLead < time.Second || c.MaxLead%time.Millisecond != 0:
-		return fmt.Errorf("--max-lead %v must be whole milliseconds, at least 1s", c.MaxLead)
+		return errors.Newf("--max-lead %v must be whole milliseconds, at least 1s", c.MaxLead)
 	case c.RollbackBound < 0:
-		return fmt.Errorf("--rollback-bound %v must not be negative", c.RollbackBound)
+		return errors.Newf("--rollback-bound %v must not be negative", c.RollbackBound)
 	case c.EtcdTimeout <= 0:
-		return fmt.Errorf("--etcd-timeout %v must be positive", c.EtcdTimeout)
+		return errors.Newf("--etcd-timeout %v must be positive", c.EtcdTimeout)
 	case c.ShutdownTimeout <= 0:
-		return fmt.Errorf("--shutdown-timeout %v must be positive", c.ShutdownTimeout)
+		return errors.Newf("--shutdown-timeout %v must be positive", c.ShutdownTimeout)
 	case c.DrainDelay < 0:
-		return fmt.Errorf("--drain-delay %v must not be negative", c.DrainDelay)
+		return errors.Newf("--drain-delay %v must not be negative", c.DrainDelay)
 	case c.LogFormat != logText && c.LogFormat != logJSON:
-		return fmt.Errorf("--log-format %q: want %s or %s", c.LogFormat, logText, logJSON)
+		return errors.Newf("--log-format %q: want %s or %s", c.LogFormat, logText, logJSON)
 	}
 	if err := c.validateSpace(); err != nil {
 		return err
@@ -271,13 +272,13 @@ func (c serveConfig) Validate() error {
 		return err
 	}
 	if err := etcdstore.ValidatePrefix(c.KeyPrefix); err != nil {
-		return fmt.Errorf("--key-prefix: %w", err)
+		return errors.Newf("--key-prefix: %w", err)
 	}
 	if _, err := parseLogLevel(c.LogLevel); err != nil {
 		return err
 	}
 	if err := c.storeConfig().Validate(); err != nil {
-		return fmt.Errorf("store settings (--lease-ttl, --max-block, --max-lead): %w", err)
+		return errors.Newf("store settings (--lease-ttl, --max-block, --max-lead): %w", err)
 	}
 	return c.Security.validate(c.Listen, c.Metrics, c.HTTP, c.Etcd)
 }
@@ -286,13 +287,13 @@ func (c serveConfig) Validate() error {
 func (c serveConfig) validateSpace() error {
 	switch {
 	case c.CompactionInterval < 0:
-		return fmt.Errorf("--compaction-interval %v must not be negative (0 turns compaction off)", c.CompactionInterval)
+		return errors.Newf("--compaction-interval %v must not be negative (0 turns compaction off)", c.CompactionInterval)
 	case c.CompactionInterval > 0 && c.CompactionInterval < time.Second:
-		return fmt.Errorf("--compaction-interval %v must be at least 1s (or 0: off)", c.CompactionInterval)
+		return errors.Newf("--compaction-interval %v must be at least 1s (or 0: off)", c.CompactionInterval)
 	case c.CompactionRetention < time.Second:
-		return fmt.Errorf("--compaction-retention %v must be at least 1s", c.CompactionRetention)
+		return errors.Newf("--compaction-retention %v must be at least 1s", c.CompactionRetention)
 	case c.EtcdQuotaBytes < minQuotaBytes:
-		return fmt.Errorf("--etcd-quota-bytes %d must be at least %d (1 MiB)", c.EtcdQuotaBytes, minQuotaBytes)
+		return errors.Newf("--etcd-quota-bytes %d must be at least %d (1 MiB)", c.EtcdQuotaBytes, minQuotaBytes)
 	}
 	return nil
 }
@@ -304,7 +305,7 @@ const minQuotaBytes = 1 << 20
 func parseLogLevel(s string) (slog.Level, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(s)); err != nil {
-		return 0, fmt.Errorf("--log-level %q: want debug, info, warn or error", s)
+		return 0, errors.Newf("--log-level %q: want debug, info, warn or error", s)
 	}
 	return l, nil
 }
@@ -314,14 +315,14 @@ func parseLogLevel(s string) (slog.Level, error) {
 func checkHostPort(flag, addr string) error {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("%s %q: want host:port", flag, addr)
+		return errors.Newf("%s %q: want host:port", flag, addr)
 	}
 	p, err := strconv.Atoi(port)
 	if err != nil || p < 0 || p > 65535 {
-		return fmt.Errorf("%s %q: port %q not in 0..65535", flag, addr, port)
+		return errors.Newf("%s %q: port %q not in 0..65535", flag, addr, port)
 	}
 	if strings.ContainsAny(host, " /") {
-		return fmt.Errorf("%s %q: bad host %q", flag, addr, host)
+		return errors.Newf("%s %q: bad host %q", flag, addr, host)
 	}
 	return nil
 }
@@ -331,16 +332,16 @@ func checkEndpoint(e string) error {
 	if strings.Contains(e, "://") {
 		u, err := url.Parse(e)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
-			return fmt.Errorf("%q: want host:port or http(s)://host:port", e)
+			return errors.Newf("%q: want host:port or http(s)://host:port", e)
 		}
 		e = u.Host
 	}
 	host, port, err := net.SplitHostPort(e)
 	if err != nil || host == "" {
-		return fmt.Errorf("%q: want host:port", e)
+		return errors.Newf("%q: want host:port", e)
 	}
 	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
-		return fmt.Errorf("%q: port %q not in 1..65535", e, port)
+		return errors.Newf("%q: port %q not in 1..65535", e, port)
 	}
 	return nil
 }
@@ -353,15 +354,15 @@ func checkEmbeddedEtcdURL(flag, raw string, insecure bool) error {
 	u, err := url.Parse(raw)
 	switch {
 	case err == nil && u.Scheme == "http":
-		return fmt.Errorf("%s %s: the embedded etcd serves https only, with client certificates from <data-dir>/pki (docs/operations.md, \"The embedded etcd\"); use https://%s", flag, raw, u.Host)
+		return errors.Newf("%s %s: the embedded etcd serves https only, with client certificates from <data-dir>/pki (docs/operations.md, \"The embedded etcd\"); use https://%s", flag, raw, u.Host)
 	case err != nil || u.Scheme != "https" || u.Hostname() == "" || (u.Path != "" && u.Path != "/"):
-		return fmt.Errorf("%s %q: want https://host:port", flag, raw)
+		return errors.Newf("%s %q: want https://host:port", flag, raw)
 	}
 	if err := checkHostPort(flag, u.Host); err != nil {
 		return err
 	}
 	if !insecure && !loopback(u.Host) {
-		return fmt.Errorf("%s %s is not a loopback address: the embedded etcd holds every lease and high-water mark; serving it to other hosts needs --insecure (it still requires the client certificates of <data-dir>/pki)", flag, raw)
+		return errors.Newf("%s %s is not a loopback address: the embedded etcd holds every lease and high-water mark; serving it to other hosts needs --insecure (it still requires the client certificates of <data-dir>/pki)", flag, raw)
 	}
 	return nil
 }

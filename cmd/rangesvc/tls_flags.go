@@ -3,13 +3,13 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"flag"
-	"fmt"
 	"log/slog"
 	"net"
 	"strings"
 	"time"
+
+	"github.com/cockroachdb/errors"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -101,7 +101,7 @@ func (s securityFlags) validate(listen, metrics, httpAPI string, etcd []string) 
 		return errors.New("--tls-allowed-identities and --tls-admin-identities need mutual TLS (--tls-client-ca)")
 	}
 	if s.MaxCodesPerIdentity < 1 || s.MaxCodesPerIdentity > 256 {
-		return fmt.Errorf("--max-codes-per-identity %d not in 1..256", s.MaxCodesPerIdentity)
+		return errors.Newf("--max-codes-per-identity %d not in 1..256", s.MaxCodesPerIdentity)
 	}
 	if e := s.Etcd; !external && e.CACert+e.Cert+e.Key+e.User+e.PasswordFile != "" {
 		return errors.New("--etcd-cacert, --etcd-cert, --etcd-key, --etcd-user and --etcd-password-file are for an external etcd (--etcd)")
@@ -134,11 +134,11 @@ func (s securityFlags) checkExposure(listen, metrics, httpAPI string) error {
 		case p.addr == "" || loopback(p.addr):
 		case p.flag == "--metrics" && s.MetricsClientCA != "":
 		case p.flag == "--metrics":
-			return fmt.Errorf("--metrics %s is not a loopback address and nothing authenticates its callers: add --tls-client-ca (mutual TLS), or --metrics-client-ca for this port, or --insecure to accept that", p.addr)
+			return errors.Newf("--metrics %s is not a loopback address and nothing authenticates its callers: add --tls-client-ca (mutual TLS), or --metrics-client-ca for this port, or --insecure to accept that", p.addr)
 		case s.TLSCert == "":
-			return fmt.Errorf("%s %s is not a loopback address: serving plaintext there needs --insecure (or mutual TLS: --tls-cert, --tls-key, --tls-client-ca)", p.flag, p.addr)
+			return errors.Newf("%s %s is not a loopback address: serving plaintext there needs --insecure (or mutual TLS: --tls-cert, --tls-key, --tls-client-ca)", p.flag, p.addr)
 		default:
-			return fmt.Errorf("%s %s is not a loopback address: TLS without client certificates lets anyone who reaches it lease every code; add --tls-client-ca (mutual TLS), or --insecure to accept that", p.flag, p.addr)
+			return errors.Newf("%s %s is not a loopback address: TLS without client certificates lets anyone who reaches it lease every code; add --tls-client-ca (mutual TLS), or --insecure to accept that", p.flag, p.addr)
 		}
 	}
 	return nil
@@ -170,7 +170,7 @@ func plaintextEndpoint(flag string, endpoints, set []string) error {
 	}
 	for _, e := range endpoints {
 		if strings.HasPrefix(strings.ToLower(e), "http://") {
-			return fmt.Errorf("%s %s with %s: an http:// endpoint makes the etcd client drop TLS without a word (and send any password in clear text); use https://%s, or a bare host:port",
+			return errors.Newf("%s %s with %s: an http:// endpoint makes the etcd client drop TLS without a word (and send any password in clear text); use https://%s, or a bare host:port",
 				flag, e, strings.Join(set, ", "), e[len("http://"):])
 		}
 	}
@@ -182,7 +182,7 @@ func tlsFlagError(err error, cert, key, ca string) error {
 	var fe *tlsfiles.FileError
 	if errors.As(err, &fe) {
 		flag := map[string]string{"cert": cert, "key": key, "ca": ca}[fe.Role]
-		return fmt.Errorf("%s: %v", flag, err)
+		return errors.Newf("%s: %v", flag, err)
 	}
 	return err
 }

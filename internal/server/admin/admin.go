@@ -21,13 +21,14 @@ package admin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/cockroachdb/errors"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -102,13 +103,13 @@ type Server struct {
 func New(cfg Config) (*Server, error) {
 	switch {
 	case cfg.Region < 0 || cfg.Region > snowflake.MaxRegion:
-		return nil, fmt.Errorf("admin: Config.Region %d not in 0..%d", cfg.Region, snowflake.MaxRegion)
+		return nil, errors.Newf("admin: Config.Region %d not in 0..%d", cfg.Region, snowflake.MaxRegion)
 	case cfg.Store == nil:
 		return nil, errors.New("admin: Config.Store is required")
 	case cfg.Etcd == nil:
 		return nil, errors.New("admin: Config.Etcd is required")
 	case cfg.Timeout < 0:
-		return nil, fmt.Errorf("admin: Config.Timeout %v is negative", cfg.Timeout)
+		return nil, errors.Newf("admin: Config.Timeout %v is negative", cfg.Timeout)
 	}
 	if cfg.Serving == nil {
 		cfg.Serving = func() bool { return true }
@@ -142,7 +143,7 @@ func toStatus(err error) error {
 // etcdErr marks an etcd client error as the store being unavailable,
 // keeping etcd's message.
 func etcdErr(err error, what string) error {
-	return fmt.Errorf("%s: %w: %w", what, segment.ErrUnavailable, err)
+	return store.Unavailable(err, "%s", what)
 }
 
 // hwmTime is the timestamp of a high-water mark (linear space, L =

@@ -8,7 +8,6 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -17,6 +16,8 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"github.com/cockroachdb/errors"
 )
 
 // Exit codes shared by every subcommand.
@@ -35,7 +36,7 @@ func (u UsageError) Unwrap() error { return u.Err }
 
 // Usagef is a UsageError with a formatted message.
 func Usagef(format string, args ...any) error {
-	return UsageError{fmt.Errorf(format, args...)}
+	return UsageError{errors.Newf(format, args...)}
 }
 
 // IsUsage reports whether err is (or wraps) a UsageError.

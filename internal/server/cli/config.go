@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
-	"fmt"
 	"os"
 	"sort"
 	"strconv"
 	"strings"
 
+	"github.com/cockroachdb/errors"
 	"sigs.k8s.io/yaml"
 )
 
@@ -109,7 +109,7 @@ func parseConfig(raw []byte) (map[string]any, error) {
 	case map[string]any:
 		return m, nil
 	}
-	return nil, fmt.Errorf("want a mapping of flag names to values")
+	return nil, errors.Newf("want a mapping of flag names to values")
 }
 
 // configValue is the flag value for one YAML value.
@@ -119,7 +119,7 @@ func configValue(v any) (string, error) {
 		for i, e := range l {
 			s, err := scalar(e)
 			if err != nil {
-				return "", fmt.Errorf("list item %d: %w", i+1, err)
+				return "", errors.Newf("list item %d: %w", i+1, err)
 			}
 			items[i] = s
 		}
@@ -137,7 +137,7 @@ func scalar(v any) (string, error) {
 	case bool:
 		return strconv.FormatBool(v), nil
 	case nil:
-		return "", fmt.Errorf("no value")
+		return "", errors.Newf("no value")
 	}
-	return "", fmt.Errorf("want a string, number, boolean or a list of them")
+	return "", errors.Newf("want a string, number, boolean or a list of them")
 }

@@ -10,10 +10,10 @@
 package connlimit
 
 import (
-	"fmt"
 	"net"
 	"sync"
 
+	"github.com/cockroachdb/errors"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -48,7 +48,7 @@ func NewMetrics(reg prometheus.Registerer, namespace, subsystem string) (*Metric
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.Open, m.Limit, m.LimitReached} {
 			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("connlimit: register metrics: %w", err)
+				return nil, errors.Newf("connlimit: register metrics: %w", err)
 			}
 		}
 	}
@@ -72,7 +72,7 @@ type Listener struct {
 // name (m nil: no metrics). max must be at least 1.
 func Wrap(l net.Listener, max int, m *Metrics, name string) (*Listener, error) {
 	if max < 1 {
-		return nil, fmt.Errorf("connlimit: listener %s: cap %d must be at least 1", name, max)
+		return nil, errors.Newf("connlimit: listener %s: cap %d must be at least 1", name, max)
 	}
 	if m == nil {
 		m, _ = NewMetrics(nil, "", "")

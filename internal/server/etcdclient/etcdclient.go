@@ -17,11 +17,12 @@ package etcdclient
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
 	"time"
+
+	"github.com/cockroachdb/errors"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -72,7 +73,7 @@ type Options struct {
 
 // usage is a bad-option error naming the flag.
 func usage(flag, format string, args ...any) error {
-	return fmt.Errorf("%s: %s: %w", flag, fmt.Sprintf(format, args...), ErrUsage)
+	return errors.Newf("%s: %s: %w", flag, fmt.Sprintf(format, args...), ErrUsage)
 }
 
 // Config builds the etcd client configuration from o, reading the files.
@@ -94,9 +95,9 @@ func (o Options) Config() (clientv3.Config, error) {
 			var fe *tlsfiles.FileError
 			if errors.As(err, &fe) {
 				flag := map[string]string{"cert": FlagCert, "key": FlagKey, "ca": FlagCACert}[fe.Role]
-				return clientv3.Config{}, fmt.Errorf("%s: %v: %w", flag, err, ErrUsage)
+				return clientv3.Config{}, errors.Newf("%s: %v: %w", flag, err, ErrUsage)
 			}
-			return clientv3.Config{}, fmt.Errorf("etcd TLS: %v: %w", err, ErrUsage)
+			return clientv3.Config{}, errors.Newf("etcd TLS: %v: %w", err, ErrUsage)
 		}
 		cfg.TLS = tc
 	}
@@ -144,7 +145,7 @@ func Open(ctx context.Context, o Options) (*clientv3.Client, error) {
 	}
 	cli, err := clientv3.New(cfg) // with a user, this authenticates
 	if err != nil {
-		return nil, fmt.Errorf("etcd %s: %s", strings.Join(o.Endpoints, ","), explain(ctx, err, cfg.DialTimeout))
+		return nil, errors.Newf("etcd %s: %s", strings.Join(o.Endpoints, ","), explain(ctx, err, cfg.DialTimeout))
 	}
 	pctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
 	defer cancel()
@@ -154,7 +155,7 @@ func Open(ctx context.Context, o Options) (*clientv3.Client, error) {
 	}
 	if _, err := cli.Get(pctx, prefix+"probe", clientv3.WithCountOnly()); err != nil {
 		cli.Close()
-		return nil, fmt.Errorf("etcd %s: %s", strings.Join(o.Endpoints, ","), explain(ctx, err, cfg.DialTimeout))
+		return nil, errors.Newf("etcd %s: %s", strings.Join(o.Endpoints, ","), explain(ctx, err, cfg.DialTimeout))
 	}
 	return cli, nil
 }

@@ -209,7 +209,7 @@ func (m *Monitor) setNoSpace(members []string, quota int64) {
 	var err error
 	if len(members) > 0 {
 		sort.Strings(members)
-		err = fmt.Errorf("%w on member %s: backend over quota (%d bytes); compact, defragment, then `etcdctl alarm disarm`",
+		err = errors.Newf("%w on member %s: backend over quota (%d bytes); compact, defragment, then `etcdctl alarm disarm`",
 			ErrNoSpace, strings.Join(members, ","), quota)
 	}
 	m.mu.Lock()

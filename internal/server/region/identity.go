@@ -2,12 +2,13 @@ package region
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cockroachdb/errors"
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -220,7 +221,7 @@ func (id *identity) checkRegistry(ctx context.Context) error {
 		id.regOK, id.regErr, id.regReason = false, nil, ""
 		return nil
 	case err != nil:
-		id.regOK, id.regErr, id.regReason = false, fmt.Errorf("%w; this region has no confirmed claim cached, so it does not serve until the registry answers", err), reasonRegistryUnconfirm
+		id.regOK, id.regErr, id.regReason = false, errors.Newf("%w; this region has no confirmed claim cached, so it does not serve until the registry answers", err), reasonRegistryUnconfirm
 	default:
 		id.regOK, id.regErr, id.regReason = true, nil, ""
 		if rec.RegistryClusterID != regionid.ClusterHex(cluster) {
@@ -228,7 +229,7 @@ func (id *identity) checkRegistry(ctx context.Context) error {
 			st, cerr := regionid.ConfirmClaim(ctx, id.cli, id.prefix, cluster, id.now())
 			id.mu.Lock()
 			if cerr != nil {
-				id.regErr, id.regReason = fmt.Errorf("registry confirmed the claim but caching it in the region record failed: %w", cerr), reasonRegistryUnconfirm
+				id.regErr, id.regReason = errors.Newf("registry confirmed the claim but caching it in the region record failed: %w", cerr), reasonRegistryUnconfirm
 			} else {
 				id.stored = st
 				id.log.Info("region code claimed in the registry", "region", rec.Region, "region_id", rec.RegionID,
@@ -237,7 +238,7 @@ func (id *identity) checkRegistry(ctx context.Context) error {
 		}
 	}
 	if id.regErr != nil {
-		return fmt.Errorf("%w: %w", ErrRegionRefused, id.regErr)
+		return store.WithKind(ErrRegionRefused, id.regErr, "")
 	}
 	return nil
 }
@@ -269,7 +270,7 @@ func (id *identity) update() {
 	regOK, regUp := id.regErr == nil, id.regOK
 	id.mu.Unlock()
 	if err != nil {
-		e := fmt.Errorf("%w: %w", ErrRegionRefused, err)
+		e := store.WithKind(ErrRegionRefused, err, "")
 		id.refusal.Store(&e)
 	} else {
 		id.refusal.Store(nil)
@@ -331,7 +332,7 @@ func (id *identity) noteWrite(before, rev int64) error {
 }
 
 func (id *identity) trip(before, rev int64) error {
-	err := fmt.Errorf("etcd revision went back from %d to %d (restored from a backup?): %w", before, rev, regionid.ErrRestorePending)
+	err := errors.Newf("etcd revision went back from %d to %d (restored from a backup?): %w", before, rev, regionid.ErrRestorePending)
 	id.mu.Lock()
 	if id.rollback == nil {
 		id.rollback, id.rollAt = err, id.now()
@@ -339,7 +340,7 @@ func (id *identity) trip(before, rev int64) error {
 	}
 	id.mu.Unlock()
 	id.update()
-	return fmt.Errorf("%w: %w", ErrRegionRefused, err)
+	return store.WithKind(ErrRegionRefused, err, "")
 }
 
 func b2f(b bool) float64 {

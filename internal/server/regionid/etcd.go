@@ -8,6 +8,7 @@ import (
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/server/store/etcdstore"
 	"github.com/idrange/idrange/snowflake"
@@ -28,15 +29,15 @@ func Read(ctx context.Context, cli *clientv3.Client, prefix string) (Stored, err
 	key := Key(prefix)
 	resp, err := cli.Get(ctx, key)
 	if err != nil {
-		return Stored{}, fmt.Errorf("read region record %s: %w", key, err)
+		return Stored{}, errors.Newf("read region record %s: %w", key, err)
 	}
 	st := Stored{Header: resp.Header}
 	if len(resp.Kvs) == 0 {
-		return st, fmt.Errorf("etcd cluster %s has no region record at %s: %w", ClusterHex(resp.Header.ClusterId), key, ErrNoRecord)
+		return st, errors.Newf("etcd cluster %s has no region record at %s: %w", ClusterHex(resp.Header.ClusterId), key, ErrNoRecord)
 	}
 	rec, err := Decode(resp.Kvs[0].Value)
 	if err != nil {
-		return st, fmt.Errorf("etcd key %s: %w", key, err)
+		return st, errors.Newf("etcd key %s: %w", key, err)
 	}
 	st.Record, st.ModRevision = rec, resp.Kvs[0].ModRevision
 	return st, nil
@@ -78,7 +79,7 @@ func Open(ctx context.Context, cli *clientv3.Client, o OpenOptions) (Stored, err
 		st, err := Read(ctx, cli, o.Prefix)
 		switch {
 		case isNoRecord(err) && !o.Init:
-			return st, fmt.Errorf("%w; if this is region %d's new, empty etcd cluster, start one replica with --init-region (otherwise check --etcd and --key-prefix)", err, o.Region)
+			return st, errors.Newf("%w; if this is region %d's new, empty etcd cluster, start one replica with --init-region (otherwise check --etcd and --key-prefix)", err, o.Region)
 		case isNoRecord(err):
 			if err := checkAdoptable(ctx, cli, o.Prefix, o.Region); err != nil {
 				return st, err
@@ -106,7 +107,7 @@ func Open(ctx context.Context, cli *clientv3.Client, o OpenOptions) (Stored, err
 		}
 		return st, nil
 	}
-	return Stored{}, fmt.Errorf("region record %s changed under every read; retry", Key(o.Prefix))
+	return Stored{}, errors.Newf("region record %s changed under every read; retry", Key(o.Prefix))
 }
 
 func isNoRecord(err error) bool { return err != nil && errorsIs(err, ErrNoRecord) }
@@ -116,14 +117,14 @@ func isNoRecord(err error) bool { return err != nil && errorsIs(err, ErrNoRecord
 func checkAdoptable(ctx context.Context, cli *clientv3.Client, prefix string, region int) error {
 	resp, err := cli.Get(ctx, prefix+"r", clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
-		return fmt.Errorf("list keys under %sr: %w", prefix, err)
+		return errors.Newf("list keys under %sr: %w", prefix, err)
 	}
 	for _, kv := range resp.Kvs {
 		if string(kv.Key) == Key(prefix) {
 			continue
 		}
 		if r, ok := parseRegionKey(string(kv.Key), prefix); !ok || r != region {
-			return fmt.Errorf("etcd has no region record but holds key %s, which is not region %d's: refusing to initialise it as region %d: %w", kv.Key, region, region, ErrMismatch)
+			return errors.Newf("etcd has no region record but holds key %s, which is not region %d's: refusing to initialise it as region %d: %w", kv.Key, region, region, ErrMismatch)
 		}
 	}
 	return nil
@@ -145,7 +146,7 @@ func create(ctx context.Context, cli *clientv3.Client, prefix string, region int
 	resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 		Then(clientv3.OpPut(key, string(b))).Commit()
 	if err != nil {
-		return false, fmt.Errorf("create region record %s: %w", key, err)
+		return false, errors.Newf("create region record %s: %w", key, err)
 	}
 	return resp.Succeeded, nil
 }
@@ -171,13 +172,13 @@ func update(ctx context.Context, cli *clientv3.Client, prefix string, change fun
 		resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", st.ModRevision)).
 			Then(clientv3.OpPut(key, string(b))).Commit()
 		if err != nil {
-			return st, fmt.Errorf("write region record %s: %w", key, err)
+			return st, errors.Newf("write region record %s: %w", key, err)
 		}
 		if resp.Succeeded {
 			return Stored{Record: rec, ModRevision: resp.Header.Revision, Header: resp.Header}, nil
 		}
 	}
-	return Stored{}, fmt.Errorf("region record %s changed under every write; retry", key)
+	return Stored{}, errors.Newf("region record %s changed under every write; retry", key)
 }
 
 // MarkPending sets the record restore-pending with reason (kept if one is
@@ -269,7 +270,7 @@ func Fence(ctx context.Context, cli *clientv3.Client, o FenceOptions) (FenceResu
 	}
 	toMs := snowflake.MsSince(o.To)
 	if toMs <= 0 || toMs > snowflake.MaxTimestamp {
-		return FenceResult{}, fmt.Errorf("restore fence: target %s is outside the ID layout's time range", o.To.UTC().Format(time.RFC3339))
+		return FenceResult{}, errors.Newf("restore fence: target %s is outside the ID layout's time range", o.To.UTC().Format(time.RFC3339))
 	}
 	target := toMs << snowflake.SequenceBits
 	key := Key(o.Prefix)
@@ -282,7 +283,7 @@ func Fence(ctx context.Context, cli *clientv3.Client, o FenceOptions) (FenceResu
 		}
 		read, err := cli.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
-			return res, fmt.Errorf("restore fence: read high-water marks: %w", err)
+			return res, errors.Newf("restore fence: read high-water marks: %w", err)
 		}
 		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", st.ModRevision)}
 		puts := []clientv3.Op{}
@@ -292,7 +293,7 @@ func Fence(ctx context.Context, cli *clientv3.Client, o FenceOptions) (FenceResu
 			if kvs := read.Responses[i].GetResponseRange().GetKvs(); len(kvs) > 0 {
 				v, err := store.DecodeHighWater(kvs[0].Value)
 				if err != nil {
-					return res, fmt.Errorf("restore fence: etcd key %s: %w", hk, err)
+					return res, errors.Newf("restore fence: etcd key %s: %w", hk, err)
 				}
 				if v >= target {
 					continue
@@ -307,10 +308,10 @@ func Fence(ctx context.Context, cli *clientv3.Client, o FenceOptions) (FenceResu
 		}
 		resp, err := cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
 		if err != nil {
-			return res, fmt.Errorf("restore fence: lift codes %d..%d (outcome unknown; run the fence again): %w", lo, hi-1, err)
+			return res, errors.Newf("restore fence: lift codes %d..%d (outcome unknown; run the fence again): %w", lo, hi-1, err)
 		}
 		if !resp.Succeeded {
-			return res, fmt.Errorf("restore fence: codes %d..%d or the region record changed during the fence; run it again", lo, hi-1)
+			return res, errors.Newf("restore fence: codes %d..%d or the region record changed during the fence; run it again", lo, hi-1)
 		}
 		res.Lifted += len(puts)
 		res.Txns++
@@ -326,10 +327,10 @@ func Fence(ctx context.Context, cli *clientv3.Client, o FenceOptions) (FenceResu
 	resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", st.ModRevision)).
 		Then(clientv3.OpPut(key, string(b))).Commit()
 	if err != nil {
-		return res, fmt.Errorf("restore fence: clear the pending mark (outcome unknown; run the fence again): %w", err)
+		return res, errors.Newf("restore fence: clear the pending mark (outcome unknown; run the fence again): %w", err)
 	}
 	if !resp.Succeeded {
-		return res, fmt.Errorf("restore fence: the region record changed during the fence; run it again")
+		return res, errors.Newf("restore fence: the region record changed during the fence; run it again")
 	}
 	res.Txns++
 	res.Stored = Stored{Record: rec, ModRevision: resp.Header.Revision, Header: resp.Header}

@@ -12,10 +12,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/snowflake"
 )
@@ -92,7 +93,7 @@ const maxReasonLen = 512
 func NewRegionID() (string, error) {
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {
-		return "", fmt.Errorf("region id: %w", err)
+		return "", errors.Newf("region id: %w", err)
 	}
 	return hex.EncodeToString(b[:]), nil
 }
@@ -105,7 +106,7 @@ func ClusterHex(id uint64) string { return fmt.Sprintf("%016x", id) }
 // the field.
 func (r Record) Validate() error {
 	bad := func(field, format string, args ...any) error {
-		return fmt.Errorf("region record: %s %s: %w", field, fmt.Sprintf(format, args...), ErrCorrupt)
+		return errors.Newf("region record: %s %s: %w", field, fmt.Sprintf(format, args...), ErrCorrupt)
 	}
 	switch {
 	case r.Version != RecordVersion:
@@ -152,16 +153,16 @@ func Decode(b []byte) (Record, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&r); err != nil {
-		return Record{}, fmt.Errorf("region record %q: %v: %w", clip(string(b)), oneLine(err), ErrCorrupt)
+		return Record{}, errors.Newf("region record %q: %v: %w", clip(string(b)), oneLine(err), ErrCorrupt)
 	}
 	if dec.More() {
-		return Record{}, fmt.Errorf("region record %q: trailing data: %w", clip(string(b)), ErrCorrupt)
+		return Record{}, errors.Newf("region record %q: trailing data: %w", clip(string(b)), ErrCorrupt)
 	}
 	if err := r.Validate(); err != nil {
 		return Record{}, err
 	}
 	if again, _ := json.Marshal(r); !bytes.Equal(again, b) {
-		return Record{}, fmt.Errorf("region record %q: not in canonical form (field order, spacing or a missing field): %w", clip(string(b)), ErrCorrupt)
+		return Record{}, errors.Newf("region record %q: not in canonical form (field order, spacing or a missing field): %w", clip(string(b)), ErrCorrupt)
 	}
 	return r, nil
 }
@@ -170,10 +171,10 @@ func Decode(b []byte) (Record, error) {
 // the error wraps ErrMismatch and names both codes.
 func (r Record) Match(region int) error {
 	if r.Region != region {
-		return fmt.Errorf("this etcd holds region %d (region id %s), but the replica was started with --region %d: %w", r.Region, r.RegionID, region, ErrMismatch)
+		return errors.Newf("this etcd holds region %d (region id %s), but the replica was started with --region %d: %w", r.Region, r.RegionID, region, ErrMismatch)
 	}
 	if r.Layout != LayoutVersion {
-		return fmt.Errorf("region %d uses ID layout version %d, this release mints layout %d: %w", r.Region, r.Layout, LayoutVersion, ErrMismatch)
+		return errors.Newf("region %d uses ID layout version %d, this release mints layout %d: %w", r.Region, r.Layout, LayoutVersion, ErrMismatch)
 	}
 	return nil
 }
@@ -183,7 +184,7 @@ func (r Record) Pending() error {
 	if !r.RestorePending {
 		return nil
 	}
-	return fmt.Errorf("region %d: %w since %d (unix ms): %s; run `rangesvc admin restore-fence`", r.Region, ErrRestorePending, r.RestoreSinceUnixMs, r.RestoreReason)
+	return errors.Newf("region %d: %w since %d (unix ms): %s; run `rangesvc admin restore-fence`", r.Region, ErrRestorePending, r.RestoreSinceUnixMs, r.RestoreReason)
 }
 
 // registryValuePrefix starts a registry claim value: "v1:<region id>".
@@ -196,7 +197,7 @@ func EncodeClaim(regionID string) string { return registryValuePrefix + regionID
 func DecodeClaim(b []byte) (string, error) {
 	s, ok := strings.CutPrefix(string(b), registryValuePrefix)
 	if !ok || !isHex(s, 32) {
-		return "", fmt.Errorf("registry claim %q: want %q and 32 lowercase hex digits: %w", clip(string(b)), registryValuePrefix, ErrCorrupt)
+		return "", errors.Newf("registry claim %q: want %q and 32 lowercase hex digits: %w", clip(string(b)), registryValuePrefix, ErrCorrupt)
 	}
 	return s, nil
 }

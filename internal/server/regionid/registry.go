@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/cockroachdb/errors"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -30,21 +31,21 @@ func Claim(ctx context.Context, reg *clientv3.Client, prefix string, rec Record)
 		Then(clientv3.OpPut(key, EncodeClaim(rec.RegionID))).
 		Else(clientv3.OpGet(key)).Commit()
 	if err != nil {
-		return 0, fmt.Errorf("registry %v: claim %s: %w", reg.Endpoints(), key, err)
+		return 0, errors.Newf("registry %v: claim %s: %w", reg.Endpoints(), key, err)
 	}
 	if resp.Succeeded {
 		return resp.Header.ClusterId, nil
 	}
 	kvs := resp.Responses[0].GetResponseRange().GetKvs()
 	if len(kvs) == 0 {
-		return 0, fmt.Errorf("registry %v: claim %s vanished during the claim; retry", reg.Endpoints(), key)
+		return 0, errors.Newf("registry %v: claim %s vanished during the claim; retry", reg.Endpoints(), key)
 	}
 	holder, err := DecodeClaim(kvs[0].Value)
 	if err != nil {
-		return 0, fmt.Errorf("registry key %s: %w", key, err)
+		return 0, errors.Newf("registry key %s: %w", key, err)
 	}
 	if holder != rec.RegionID {
-		return 0, fmt.Errorf("registry key %s: region code %d is claimed by region id %s, this region is %s: %w", key, rec.Region, holder, rec.RegionID, ErrClaimTaken)
+		return 0, errors.Newf("registry key %s: region code %d is claimed by region id %s, this region is %s: %w", key, rec.Region, holder, rec.RegionID, ErrClaimTaken)
 	}
 	return resp.Header.ClusterId, nil
 }

@@ -1,10 +1,10 @@
 package service
 
 import (
-	"fmt"
 	"strconv"
 	"time"
 
+	"github.com/cockroachdb/errors"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 
@@ -156,7 +156,7 @@ func NewMetrics(reg prometheus.Registerer, clk func() time.Time) (*Metrics, erro
 	if reg != nil {
 		for _, c := range m.collectors() {
 			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("service: register metrics: %w", err)
+				return nil, errors.Newf("service: register metrics: %w", err)
 			}
 		}
 	}

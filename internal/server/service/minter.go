@@ -2,9 +2,9 @@ package service
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"sync"
+
+	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/snowflake"
 )
@@ -55,7 +55,7 @@ func (l *LazyMinter) get(ctx context.Context) (MinterCloser, error) {
 	}
 	m, err := l.open(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("service: open minter: %w", err)
+		return nil, errors.Newf("service: open minter: %w", err)
 	}
 	l.m = m
 	return m, nil

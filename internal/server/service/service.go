@@ -28,11 +28,12 @@ package service
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/cockroachdb/errors"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -167,19 +168,19 @@ func (c Config) Validate() error {
 	c = c.withDefaults()
 	switch {
 	case c.Region < 0 || c.Region > snowflake.MaxRegion:
-		return fmt.Errorf("service: Config.Region %d not in 0..%d", c.Region, snowflake.MaxRegion)
+		return errors.Newf("service: Config.Region %d not in 0..%d", c.Region, snowflake.MaxRegion)
 	case c.Allocator == nil:
 		return errors.New("service: Config.Allocator is required")
 	case c.MaxBlock < 1 || int64(c.MaxBlock) > segment.MaxBlockLimit:
-		return fmt.Errorf("service: Config.MaxBlock %d not in 1..%d", c.MaxBlock, segment.MaxBlockLimit)
+		return errors.Newf("service: Config.MaxBlock %d not in 1..%d", c.MaxBlock, segment.MaxBlockLimit)
 	case c.RollbackBound < 0:
-		return fmt.Errorf("service: Config.RollbackBound %v is negative", c.RollbackBound)
+		return errors.Newf("service: Config.RollbackBound %v is negative", c.RollbackBound)
 	}
 	for name, d := range map[string]time.Duration{"CheckInterval": c.CheckInterval,
 		"StoreCheckTimeout": c.StoreCheckTimeout, "FreeCodesInterval": c.FreeCodesInterval,
 		"RPCTimeout": c.RPCTimeout} {
 		if d < 0 {
-			return fmt.Errorf("service: Config.%s %v is negative", name, d)
+			return errors.Newf("service: Config.%s %v is negative", name, d)
 		}
 	}
 	return nil
@@ -450,7 +451,7 @@ func (s *Service) checkLease(p *idrangev1.Lease) (segment.Lease, error) {
 	}
 	l := wire.LeaseFromProto(p)
 	if err := l.Validate(); err != nil {
-		return segment.Lease{}, fmt.Errorf("lease: %w", err)
+		return segment.Lease{}, errors.Newf("lease: %w", err)
 	}
 	return l, nil
 }
@@ -500,7 +501,7 @@ func (s *Service) RenewLease(ctx context.Context, req *idrangev1.RenewLeaseReque
 		}
 		if nl.TTL <= 0 {
 			s.metrics.LeaseRenewalFailures.Inc()
-			return fmt.Errorf("worker %d: store granted TTL %v: %w", l.Worker, nl.TTL, segment.ErrLeaseLost)
+			return errors.Newf("worker %d: store granted TTL %v: %w", l.Worker, nl.TTL, segment.ErrLeaseLost)
 		}
 		resp = &idrangev1.RenewLeaseResponse{TtlMs: nl.TTL.Milliseconds()}
 		return nil
@@ -550,7 +551,7 @@ func (s *Service) AllocateBlock(ctx context.Context, req *idrangev1.AllocateBloc
 		if err := b.Check(l, int64(req.GetCount())); err != nil {
 			// Never forward a block the store should not have produced;
 			// the caller's request was fine, so this is Internal.
-			return fmt.Errorf("store returned block [%d,%d): %v", b.Lo, b.Hi, err)
+			return errors.Newf("store returned block [%d,%d): %v", b.Lo, b.Hi, err)
 		}
 		now := s.observe()
 		s.metrics.observeGrant(b, time.Since(start), now)

@@ -2,9 +2,9 @@ package store
 
 import (
 	"context"
-	"fmt"
 	"time"
 
+	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -43,7 +43,7 @@ func (s *Store) acquire(ctx context.Context, region int, owner string) (segment.
 	}
 	identity := authz.IdentityFrom(ctx)
 	if err := authz.ValidateIdentity(identity); err != nil {
-		return segment.Lease{}, fmt.Errorf("%v: %w", err, segment.ErrInvalid)
+		return segment.Lease{}, errors.Newf("%v: %w", err, segment.ErrInvalid)
 	}
 	if identity != "" {
 		// Refuse early, without a lease, when the cap is already reached.
@@ -51,7 +51,7 @@ func (s *Store) acquire(ctx context.Context, region int, owner string) (segment.
 		rv, err := s.stg.Scan(octx, region)
 		cancel()
 		if err != nil {
-			return segment.Lease{}, unavailable(err, "region %d: list codes", region)
+			return segment.Lease{}, Unavailable(err, "region %d: list codes", region)
 		}
 		if held := len(identityTokens(rv, identity)); held >= s.cfg.MaxCodesPerIdentity {
 			return segment.Lease{}, s.capErr(region, identity, held)
@@ -61,7 +61,7 @@ func (s *Store) acquire(ctx context.Context, region int, owner string) (segment.
 	leaseID, ttl, err := s.stg.Grant(octx, s.cfg.LeaseTTL)
 	cancel()
 	if err != nil {
-		return segment.Lease{}, unavailable(err, "acquire region %d: grant lease", region)
+		return segment.Lease{}, Unavailable(err, "acquire region %d: grant lease", region)
 	}
 	keep := false
 	defer func() {
@@ -77,7 +77,7 @@ func (s *Store) acquire(ctx context.Context, region int, owner string) (segment.
 			return segment.Lease{}, err
 		}
 		if len(free.hwmRev) == 0 {
-			return segment.Lease{}, fmt.Errorf("region %d: all %d codes leased (%d unusable: corrupt high-water mark; %d: high-water mark went back): %w",
+			return segment.Lease{}, errors.Newf("region %d: all %d codes leased (%d unusable: corrupt high-water mark; %d: high-water mark went back): %w",
 				region, snowflake.MaxWorker+1, free.corrupt, free.regressed, segment.ErrNoFreeCode)
 		}
 		start := s.cfg.FirstCode(region) & snowflake.MaxWorker
@@ -97,7 +97,7 @@ func (s *Store) acquire(ctx context.Context, region int, owner string) (segment.
 			if err != nil {
 				// Unknown commit: the deferred revoke deletes the entry if it
 				// was created, so the code is not left half-owned.
-				return segment.Lease{}, unavailable(err, "acquire region %d worker %d: commit unknown", region, w)
+				return segment.Lease{}, Unavailable(err, "acquire region %d worker %d: commit unknown", region, w)
 			}
 			if !ok {
 				continue // taken (or its HWM changed) since the snapshot
@@ -113,7 +113,7 @@ func (s *Store) acquire(ctx context.Context, region int, owner string) (segment.
 			return segment.Lease{Region: region, Worker: w, Token: token, LeaseID: leaseID, TTL: ttl}, nil
 		}
 	}
-	return segment.Lease{}, fmt.Errorf("region %d: every free code was taken by a concurrent acquire: %w", region, segment.ErrNoFreeCode)
+	return segment.Lease{}, errors.Newf("region %d: every free code was taken by a concurrent acquire: %w", region, segment.ErrNoFreeCode)
 }
 
 // keepUnderCap decides, after Acquire created the owner entry of token for
@@ -133,7 +133,7 @@ func (s *Store) keepUnderCap(ctx context.Context, region int, identity string, t
 	rv, err := s.stg.Scan(octx, region)
 	cancel()
 	if err != nil {
-		return unavailable(err, "region %d: count the codes of identity %q", region, identity)
+		return Unavailable(err, "region %d: count the codes of identity %q", region, identity)
 	}
 	toks := identityTokens(rv, identity)
 	smaller := 0
@@ -149,7 +149,7 @@ func (s *Store) keepUnderCap(ctx context.Context, region int, identity string, t
 }
 
 func (s *Store) capErr(region int, identity string, held int) error {
-	return fmt.Errorf("region %d: identity %q holds %d codes; the cap is %d (--max-codes-per-identity): %w",
+	return errors.Newf("region %d: identity %q holds %d codes; the cap is %d (--max-codes-per-identity): %w",
 		region, identity, held, s.cfg.MaxCodesPerIdentity, segment.ErrCodeCap)
 }
 
@@ -192,7 +192,7 @@ func (s *Store) freeCodes(ctx context.Context, region int) (regionView, error) {
 	rv, err := s.stg.Scan(octx, region)
 	cancel()
 	if err != nil {
-		return regionView{}, unavailable(err, "region %d: list codes", region)
+		return regionView{}, Unavailable(err, "region %d: list codes", region)
 	}
 	v := regionView{hwmRev: make(map[int]int64), leased: len(rv.Owners)}
 	for w := 0; w <= snowflake.MaxWorker; w++ {

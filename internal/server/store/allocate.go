@@ -2,10 +2,10 @@ package store
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"math/rand/v2"
 	"time"
+
+	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/segment"
@@ -40,7 +40,7 @@ func (s *Store) allocate(ctx context.Context, l segment.Lease, n int) (segment.B
 		return segment.Block{}, err
 	}
 	if n < 1 || int64(n) > s.cfg.Policy.MaxBlock {
-		return segment.Block{}, fmt.Errorf("count %d not in 1..%d: %w", n, s.cfg.Policy.MaxBlock, segment.ErrInvalid)
+		return segment.Block{}, errors.Newf("count %d not in 1..%d: %w", n, s.cfg.Policy.MaxBlock, segment.ErrInvalid)
 	}
 	done, err := s.takeTurn(ctx, l.Region, l.Worker)
 	if err != nil {
@@ -79,7 +79,7 @@ func (s *Store) allocate(ctx context.Context, l segment.Lease, n int) (segment.B
 			h, err := DecodeHighWater(v.HighWater.Value)
 			if err != nil {
 				s.forget(l.Region, l.Worker)
-				err = fmt.Errorf("key %s: %w", v.HighWater.Key, err)
+				err = errors.Newf("key %s: %w", v.HighWater.Key, err)
 				s.reportCorrupt(v.HighWater.Key, err)
 				return segment.Block{}, err
 			}
@@ -97,7 +97,7 @@ func (s *Store) allocate(ctx context.Context, l segment.Lease, n int) (segment.B
 		g, err := s.cfg.Policy.Plan(hwm, s.cfg.Now(), int64(n))
 		if err != nil {
 			s.remember(l.Region, l.Worker, v)
-			return segment.Block{}, fmt.Errorf("region %d worker %d: %w", l.Region, l.Worker, err)
+			return segment.Block{}, errors.Newf("region %d worker %d: %w", l.Region, l.Worker, err)
 		}
 		signal := conflicts >= contentionAfter
 		value := []byte(EncodeHighWater(g.Hi))
@@ -114,7 +114,7 @@ func (s *Store) allocate(ctx context.Context, l segment.Lease, n int) (segment.B
 			// The write may or may not have committed. [g.Lo, g.Hi) is
 			// burned: never returned, and the next call re-reads the HWM.
 			s.forget(l.Region, l.Worker)
-			return segment.Block{}, unavailable(err, "allocate region %d worker %d: commit unknown, block [%d,%d) discarded",
+			return segment.Block{}, Unavailable(err, "allocate region %d worker %d: commit unknown, block [%d,%d) discarded",
 				l.Region, l.Worker, g.Lo, g.Hi)
 		}
 		if ok {
@@ -141,7 +141,7 @@ func (s *Store) allocate(ctx context.Context, l segment.Lease, n int) (segment.B
 		conflicts++
 		s.obs.Conflict(l.Region, l.Worker)
 		if conflicts >= s.cfg.MaxConflicts {
-			return segment.Block{}, fmt.Errorf("allocate region %d worker %d: lost %d races on the high-water mark: %w",
+			return segment.Block{}, errors.Newf("allocate region %d worker %d: lost %d races on the high-water mark: %w",
 				l.Region, l.Worker, conflicts, segment.ErrUnavailable)
 		}
 		if sameEntry(prev.HighWater, v.HighWater) && sameEntry(prev.Owner, v.Owner) {
@@ -151,7 +151,7 @@ func (s *Store) allocate(ctx context.Context, l segment.Lease, n int) (segment.B
 			select {
 			case <-time.After(rtt + rand.N(rtt+time.Millisecond)):
 			case <-ctx.Done():
-				return segment.Block{}, unavailable(ctx.Err(), "allocate region %d worker %d: yielding to a contending replica", l.Region, l.Worker)
+				return segment.Block{}, Unavailable(ctx.Err(), "allocate region %d worker %d: yielding to a contending replica", l.Region, l.Worker)
 			}
 			needRead = true // the HWM has most likely moved while we slept
 		}

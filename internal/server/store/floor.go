@@ -1,8 +1,7 @@
 package store
 
 import (
-	"fmt"
-
+	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -120,7 +119,7 @@ func regressedErr(region, worker int, floor, hwm int64, key string) error {
 	if key == "" {
 		where = "no key: deleted, read as 0"
 	}
-	return fmt.Errorf("region %d worker %d: stored high-water mark %d (%s) is below %d, which this replica "+
+	return errors.Newf("region %d worker %d: stored high-water mark %d (%s) is below %d, which this replica "+
 		"already committed or read: the store went back (restored without a restore fence, or written by hand); "+
 		"no grant on this code until it is lifted again (rangesvc admin restore-fence): %w",
 		region, worker, hwm, where, floor, segment.ErrHighWaterRegressed)

@@ -2,8 +2,8 @@ package store
 
 import (
 	"context"
-	"fmt"
 
+	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/segment"
 )
@@ -37,24 +37,24 @@ func (s *Store) fence(l segment.Lease, v CodeView, identity string) error {
 	e := v.Owner
 	switch {
 	case l.Token > v.Rev:
-		return fmt.Errorf("region %d worker %d: the token was never issued: %w", l.Region, l.Worker, segment.ErrInvalid)
+		return errors.Newf("region %d worker %d: the token was never issued: %w", l.Region, l.Worker, segment.ErrInvalid)
 	case e == nil:
-		return fmt.Errorf("region %d worker %d: the lease is gone (expired or released): %w",
+		return errors.Newf("region %d worker %d: the lease is gone (expired or released): %w",
 			l.Region, l.Worker, segment.ErrLeaseLost)
 	case e.CreateRevision != l.Token:
-		return fmt.Errorf("region %d worker %d: %w", l.Region, l.Worker, segment.ErrFenced)
+		return errors.Newf("region %d worker %d: %w", l.Region, l.Worker, segment.ErrFenced)
 	}
 	rec, err := s.checkRecord(e, l.Region, l.Worker)
 	if err != nil {
 		// checkRecord logged the details (key, lease ids).
-		return fmt.Errorf("region %d worker %d: the owner record is invalid (details in the replica's log): %w",
+		return errors.Newf("region %d worker %d: the owner record is invalid (details in the replica's log): %w",
 			l.Region, l.Worker, segment.ErrCorrupt)
 	}
 	if rec.Identity != identity {
-		return fmt.Errorf("region %d worker %d: %w", l.Region, l.Worker, segment.ErrPermissionDenied)
+		return errors.Newf("region %d worker %d: %w", l.Region, l.Worker, segment.ErrPermissionDenied)
 	}
 	if e.Lease != l.LeaseID {
-		return fmt.Errorf("region %d worker %d: lease_id %x is not the code's lease: %w", l.Region, l.Worker, l.LeaseID, segment.ErrInvalid)
+		return errors.Newf("region %d worker %d: lease_id %x is not the code's lease: %w", l.Region, l.Worker, l.LeaseID, segment.ErrInvalid)
 	}
 	return nil
 }
@@ -86,9 +86,9 @@ func (s *Store) renew(ctx context.Context, l segment.Lease) (segment.Lease, erro
 	cancel()
 	switch {
 	case err != nil:
-		return segment.Lease{}, unavailable(err, "renew region %d worker %d", l.Region, l.Worker)
+		return segment.Lease{}, Unavailable(err, "renew region %d worker %d", l.Region, l.Worker)
 	case ttl <= 0:
-		return segment.Lease{}, fmt.Errorf("region %d worker %d: lease %x expired: %w", l.Region, l.Worker, l.LeaseID, segment.ErrLeaseLost)
+		return segment.Lease{}, errors.Newf("region %d worker %d: lease %x expired: %w", l.Region, l.Worker, l.LeaseID, segment.ErrLeaseLost)
 	}
 	l.TTL = ttl
 	return l, nil
@@ -123,14 +123,14 @@ func (s *Store) release(ctx context.Context, l segment.Lease) error {
 	ok, fresh, err := s.stg.DeleteOwner(octx, l.Region, l.Worker, l.Token, l.LeaseID)
 	cancel()
 	if err != nil {
-		return unavailable(err, "release region %d worker %d", l.Region, l.Worker)
+		return Unavailable(err, "release region %d worker %d", l.Region, l.Worker)
 	}
 	s.forget(l.Region, l.Worker)
 	if !ok {
 		if err := s.fence(l, fresh, identity); err != nil {
 			return err
 		}
-		return fmt.Errorf("release region %d worker %d: lease changed concurrently: %w", l.Region, l.Worker, segment.ErrFenced)
+		return errors.Newf("release region %d worker %d: lease changed concurrently: %w", l.Region, l.Worker, segment.ErrFenced)
 	}
 	s.revoke(ctx, l.LeaseID)
 	return nil

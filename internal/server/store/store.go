@@ -2,10 +2,10 @@ package store
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"sync"
 
+	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -78,7 +78,7 @@ var _ segment.Allocator = (*Store)(nil)
 // New validates cfg and returns a Store over storage.
 func New(storage Storage, cfg Config) (*Store, error) {
 	if storage == nil {
-		return nil, fmt.Errorf("store: nil storage: %w", segment.ErrInvalid)
+		return nil, errors.Newf("store: nil storage: %w", segment.ErrInvalid)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -119,15 +119,9 @@ func (s *Store) opCtx(ctx context.Context) (context.Context, context.CancelFunc)
 	return context.WithTimeout(ctx, s.cfg.OpTimeout)
 }
 
-// unavailable marks a storage error as ErrUnavailable, keeping the cause (so
-// errors.Is(err, context.DeadlineExceeded) still works).
-func unavailable(err error, format string, args ...any) error {
-	return fmt.Errorf("%s: %w: %w", fmt.Sprintf(format, args...), segment.ErrUnavailable, err)
-}
-
 func validRegion(region int) error {
 	if region < 0 || region > snowflake.MaxRegion {
-		return fmt.Errorf("region %d not in 0..%d: %w", region, snowflake.MaxRegion, segment.ErrInvalid)
+		return errors.Newf("region %d not in 0..%d: %w", region, snowflake.MaxRegion, segment.ErrInvalid)
 	}
 	return nil
 }
@@ -146,7 +140,7 @@ func (s *Store) read(ctx context.Context, region, worker int) (CodeView, error) 
 	v, err := s.stg.Code(octx, region, worker)
 	cancel()
 	if err != nil {
-		return CodeView{}, unavailable(err, "read region %d worker %d", region, worker)
+		return CodeView{}, Unavailable(err, "read region %d worker %d", region, worker)
 	}
 	return v, nil
 }
@@ -185,7 +179,7 @@ func (s *Store) takeTurn(ctx context.Context, region, worker int) (release func(
 	case turn <- struct{}{}:
 		return func() { <-turn }, nil
 	case <-ctx.Done():
-		return nil, unavailable(ctx.Err(), "allocate region %d worker %d: waiting for the code's previous grant", region, worker)
+		return nil, Unavailable(ctx.Err(), "allocate region %d worker %d: waiting for the code's previous grant", region, worker)
 	}
 }
 

@@ -14,6 +14,10 @@
 // are mapped by code alone, conservatively: FailedPrecondition becomes
 // ErrLeaseLost (stop minting), PermissionDenied and Unauthenticated become
 // ErrPermissionDenied, Unavailable becomes ErrUnavailable (retry).
+//
+// The client imports this package (rangeclient's gRPC path), so, like the
+// libraries, it uses the standard library's errors and nothing that would
+// pull cockroachdb/errors into a client (internal/tools/depcheck).
 package wire
 
 import (

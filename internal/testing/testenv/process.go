@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -20,6 +19,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/internal/server/embedetcd"
 	"github.com/idrange/idrange/snowflake"
 	"github.com/idrange/idrange/tlsfiles"
@@ -246,7 +246,7 @@ func (p *Process) Stop(timeout time.Duration) error {
 		return p.err
 	case <-t.C:
 		p.Kill()
-		return fmt.Errorf("testenv: rangesvc did not stop within %v after SIGTERM", timeout)
+		return errors.Newf("testenv: rangesvc did not stop within %v after SIGTERM", timeout)
 	}
 }
 

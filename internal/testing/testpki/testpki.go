@@ -21,7 +21,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -29,6 +28,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/cockroachdb/errors"
 )
 
 // CA is a self-signed certificate authority.
@@ -59,7 +60,7 @@ type Identity struct {
 func NewCA(cn string) (*CA, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, fmt.Errorf("testpki: CA key: %w", err)
+		return nil, errors.Newf("testpki: CA key: %w", err)
 	}
 	tmpl := template(pkix.Name{CommonName: cn})
 	tmpl.IsCA = true
@@ -67,11 +68,11 @@ func NewCA(cn string) (*CA, error) {
 	tmpl.KeyUsage = x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
-		return nil, fmt.Errorf("testpki: CA certificate: %w", err)
+		return nil, errors.Newf("testpki: CA certificate: %w", err)
 	}
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		return nil, fmt.Errorf("testpki: CA certificate: %w", err)
+		return nil, errors.Newf("testpki: CA certificate: %w", err)
 	}
 	return &CA{Cert: cert, Key: key, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
 }
@@ -87,7 +88,7 @@ func (ca *CA) Pool() *x509.CertPool {
 func (ca *CA) WriteFile(dir, name string) (string, error) {
 	p := filepath.Join(dir, name)
 	if err := os.WriteFile(p, ca.PEM, 0o600); err != nil {
-		return "", fmt.Errorf("testpki: %w", err)
+		return "", errors.Newf("testpki: %w", err)
 	}
 	return p, nil
 }
@@ -111,7 +112,7 @@ func (ca *CA) Client(id Identity) (*Cert, error) {
 	if id.URI != "" {
 		u, err := url.Parse(id.URI)
 		if err != nil {
-			return nil, fmt.Errorf("testpki: URI SAN %q: %w", id.URI, err)
+			return nil, errors.Newf("testpki: URI SAN %q: %w", id.URI, err)
 		}
 		tmpl.URIs = []*url.URL{u}
 	}
@@ -122,20 +123,20 @@ func (ca *CA) Client(id Identity) (*Cert, error) {
 func (ca *CA) issue(tmpl *x509.Certificate) (*Cert, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, fmt.Errorf("testpki: key: %w", err)
+		return nil, errors.Newf("testpki: key: %w", err)
 	}
 	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
 	if err != nil {
-		return nil, fmt.Errorf("testpki: certificate %q: %w", tmpl.Subject.CommonName, err)
+		return nil, errors.Newf("testpki: certificate %q: %w", tmpl.Subject.CommonName, err)
 	}
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		return nil, fmt.Errorf("testpki: certificate %q: %w", tmpl.Subject.CommonName, err)
+		return nil, errors.Newf("testpki: certificate %q: %w", tmpl.Subject.CommonName, err)
 	}
 	kb, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
-		return nil, fmt.Errorf("testpki: key: %w", err)
+		return nil, errors.Newf("testpki: key: %w", err)
 	}
 	return &Cert{
 		Cert:    cert,
@@ -171,17 +172,17 @@ func (c *Cert) WriteFiles(dir, name string) (Files, error) {
 func writeAtomic(path string, b []byte) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), ".testpki-*")
 	if err != nil {
-		return fmt.Errorf("testpki: %w", err)
+		return errors.Newf("testpki: %w", err)
 	}
 	_, werr := tmp.Write(b)
 	cerr := tmp.Close()
 	if err := errors.Join(werr, cerr); err != nil {
 		os.Remove(tmp.Name())
-		return fmt.Errorf("testpki: write %s: %w", path, err)
+		return errors.Newf("testpki: write %s: %w", path, err)
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		os.Remove(tmp.Name())
-		return fmt.Errorf("testpki: %w", err)
+		return errors.Newf("testpki: %w", err)
 	}
 	return nil
 }

@@ -28,6 +28,8 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+
+	"github.com/cockroachdb/errors"
 )
 
 const module = "github.com/idrange/idrange"
@@ -60,7 +62,7 @@ func run(baseline string, update bool, out io.Writer) error {
 	}
 	data, err := os.ReadFile(baseline)
 	if err != nil {
-		return fmt.Errorf("read baseline (create it with scripts/apicheck -update): %w", err)
+		return errors.Newf("read baseline (create it with scripts/apicheck -update): %w", err)
 	}
 	old := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
 	removed, added, broken := compare(old, cur)
@@ -75,7 +77,7 @@ func run(baseline string, update bool, out io.Writer) error {
 		for _, l := range broken {
 			fmt.Fprintln(out, "! method added to an implementable interface:", l)
 		}
-		return fmt.Errorf("%d incompatible change(s) to the public API (- lines, ! lines); if intended, run scripts/apicheck -update and commit %s",
+		return errors.Newf("%d incompatible change(s) to the public API (- lines, ! lines); if intended, run scripts/apicheck -update and commit %s",
 			len(removed)+len(broken), baseline)
 	case len(added) > 0:
 		fmt.Fprintf(out, "apicheck: %d compatible addition(s) (+ lines); run scripts/apicheck -update and commit %s to accept them\n", len(added), baseline)
@@ -120,7 +122,7 @@ func goList(args ...string) ([]byte, error) {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("go list %s: %v: %s", strings.Join(args, " "), err, stderr.String())
+		return nil, errors.Newf("go list %s: %v: %s", strings.Join(args, " "), err, stderr.String())
 	}
 	return out, nil
 }
@@ -161,7 +163,7 @@ func listing(pkgs []string) ([]string, error) {
 	imp := importer.ForCompiler(token.NewFileSet(), "gc", func(path string) (io.ReadCloser, error) {
 		f, ok := exports[path]
 		if !ok {
-			return nil, fmt.Errorf("no export data for %s", path)
+			return nil, errors.Newf("no export data for %s", path)
 		}
 		return os.Open(f)
 	})
@@ -169,7 +171,7 @@ func listing(pkgs []string) ([]string, error) {
 	for _, path := range pkgs {
 		p, err := imp.Import(path)
 		if err != nil {
-			return nil, fmt.Errorf("import %s: %w", path, err)
+			return nil, errors.Newf("import %s: %w", path, err)
 		}
 		lines = append(lines, features(p)...)
 	}

@@ -6,7 +6,6 @@ import (
 	"context"
 	"debug/elf"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -18,6 +17,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cockroachdb/errors"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -78,7 +79,7 @@ func buildBinary(ctx context.Context, out, version, goarch string) error {
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("go build %s: %v: %s", pkgPath, err, strings.TrimSpace(stderr.String()))
+		return errors.Newf("go build %s: %v: %s", pkgPath, err, strings.TrimSpace(stderr.String()))
 	}
 	return nil
 }
@@ -92,7 +93,7 @@ func newImage(binary string, o Options) (v1.Image, error) {
 		return nil, err
 	}
 	if err := checkStaticELF(bin, o.GOARCH); err != nil {
-		return nil, fmt.Errorf("%s: %w", binary, err)
+		return nil, errors.Newf("%s: %w", binary, err)
 	}
 	created := o.Created
 	if created.IsZero() {
@@ -158,7 +159,7 @@ func newImage(binary string, o Options) (v1.Image, error) {
 func writeTarball(file, tag string, img v1.Image) error {
 	ref, err := name.NewTag(tag)
 	if err != nil {
-		return fmt.Errorf("-tag %q: %w", tag, err)
+		return errors.Newf("-tag %q: %w", tag, err)
 	}
 	return tarball.WriteToFile(file, ref, img)
 }
@@ -191,7 +192,7 @@ func readLayout(dir string) (v1.Image, error) {
 		return nil, err
 	}
 	if len(m.Manifests) != 1 {
-		return nil, fmt.Errorf("OCI layout %s holds %d manifests; want 1", dir, len(m.Manifests))
+		return nil, errors.Newf("OCI layout %s holds %d manifests; want 1", dir, len(m.Manifests))
 	}
 	return idx.Image(m.Manifests[0].Digest)
 }
@@ -224,17 +225,17 @@ func Verify(ctx context.Context, img v1.Image, wantVersion string, w io.Writer) 
 	uid, _, _ := strings.Cut(cf.Config.User, ":")
 	switch n, err := strconv.Atoi(uid); {
 	case mt != types.OCIManifestSchema1 && mt != types.DockerManifestSchema2: // docker-archive tarballs read back as Docker's
-		return fmt.Errorf("%w: manifest media type %s; want %s", ErrBadImage, mt, types.OCIManifestSchema1)
+		return errors.Newf("%w: manifest media type %s; want %s", ErrBadImage, mt, types.OCIManifestSchema1)
 	case !slices.Equal(cf.Config.Entrypoint, []string{entrypoint}):
-		return fmt.Errorf("%w: entrypoint %q; want [%s]", ErrBadImage, cf.Config.Entrypoint, entrypoint)
+		return errors.Newf("%w: entrypoint %q; want [%s]", ErrBadImage, cf.Config.Entrypoint, entrypoint)
 	case err != nil:
-		return fmt.Errorf("%w: user %q is not numeric (a scratch image has no /etc/passwd; runAsNonRoot needs a number)", ErrBadImage, cf.Config.User)
+		return errors.Newf("%w: user %q is not numeric (a scratch image has no /etc/passwd; runAsNonRoot needs a number)", ErrBadImage, cf.Config.User)
 	case n == 0:
-		return fmt.Errorf("%w: user %q is root", ErrBadImage, cf.Config.User)
+		return errors.Newf("%w: user %q is root", ErrBadImage, cf.Config.User)
 	case cf.OS != "linux":
-		return fmt.Errorf("%w: os %q", ErrBadImage, cf.OS)
+		return errors.Newf("%w: os %q", ErrBadImage, cf.OS)
 	case cf.Config.Labels["org.opencontainers.image.version"] != wantVersion:
-		return fmt.Errorf("%w: version label %q; want %q", ErrBadImage, cf.Config.Labels["org.opencontainers.image.version"], wantVersion)
+		return errors.Newf("%w: version label %q; want %q", ErrBadImage, cf.Config.Labels["org.opencontainers.image.version"], wantVersion)
 	}
 	fmt.Fprintf(w, "image %s: os/arch %s/%s, entrypoint %q, user %s, version label %s\n",
 		digest, cf.OS, cf.Architecture, cf.Config.Entrypoint, cf.Config.User, wantVersion)
@@ -247,21 +248,21 @@ func Verify(ctx context.Context, img v1.Image, wantVersion string, w io.Writer) 
 	for n := range files {
 		names = append(names, n)
 		if slices.Contains(shells, path.Base(n)) {
-			return fmt.Errorf("%w: the image has a shell: /%s", ErrBadImage, n)
+			return errors.Newf("%w: the image has a shell: /%s", ErrBadImage, n)
 		}
 	}
 	slices.Sort(names)
 	bin, ok := files[strings.TrimPrefix(entrypoint, "/")]
 	switch {
 	case !ok:
-		return fmt.Errorf("%w: no %s in the layers (files: %q)", ErrBadImage, entrypoint, names)
+		return errors.Newf("%w: no %s in the layers (files: %q)", ErrBadImage, entrypoint, names)
 	case len(files) != 1:
-		return fmt.Errorf("%w: files besides %s in the layers: %q", ErrBadImage, entrypoint, names)
+		return errors.Newf("%w: files besides %s in the layers: %q", ErrBadImage, entrypoint, names)
 	case bin.mode&0o111 == 0:
-		return fmt.Errorf("%w: %s is not executable (mode %o)", ErrBadImage, entrypoint, bin.mode)
+		return errors.Newf("%w: %s is not executable (mode %o)", ErrBadImage, entrypoint, bin.mode)
 	}
 	if err := checkStaticELF(bin.data, cf.Architecture); err != nil {
-		return fmt.Errorf("%w: %s: %v", ErrBadImage, entrypoint, err)
+		return errors.Newf("%w: %s: %v", ErrBadImage, entrypoint, err)
 	}
 	fmt.Fprintf(w, "layers hold only %s (mode %04o, %.1f MiB, static ELF, no shell)\n", entrypoint, bin.mode, float64(len(bin.data))/(1<<20))
 
@@ -290,10 +291,10 @@ func Verify(ctx context.Context, img v1.Image, wantVersion string, w io.Writer) 
 		Version string `json:"version"`
 	}
 	if err := json.Unmarshal(js, &info); err != nil {
-		return fmt.Errorf("%w: rangesvc version -o json: %v", ErrBadImage, err)
+		return errors.Newf("%w: rangesvc version -o json: %v", ErrBadImage, err)
 	}
 	if info.Version != wantVersion {
-		return fmt.Errorf("%w: rangesvc version says %q; want %q", ErrBadImage, info.Version, wantVersion)
+		return errors.Newf("%w: rangesvc version says %q; want %q", ErrBadImage, info.Version, wantVersion)
 	}
 	fmt.Fprintf(w, "$ rangesvc version   # %s extracted from the image and run directly (no container runtime here)\n%s", entrypoint, text)
 	return nil
@@ -307,7 +308,7 @@ func runVersion(ctx context.Context, exe string, args ...string) ([]byte, error)
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("%w: rangesvc version %s: %v: %s", ErrBadImage, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+		return nil, errors.Newf("%w: rangesvc version %s: %v: %s", ErrBadImage, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
 	}
 	return out, nil
 }
@@ -346,7 +347,7 @@ func layerFiles(img v1.Image) (map[string]layerFile, error) {
 			switch {
 			case strings.HasPrefix(path.Base(n), ".wh."):
 				rc.Close()
-				return nil, fmt.Errorf("%w: whiteout %s", ErrBadImage, h.Name)
+				return nil, errors.Newf("%w: whiteout %s", ErrBadImage, h.Name)
 			case h.Typeflag == tar.TypeDir:
 				continue
 			}
@@ -373,11 +374,11 @@ var goarchMachine = map[string]elf.Machine{
 func checkStaticELF(b []byte, goarch string) error {
 	f, err := elf.NewFile(bytes.NewReader(b))
 	if err != nil {
-		return fmt.Errorf("not an ELF executable: %v", err)
+		return errors.Newf("not an ELF executable: %v", err)
 	}
 	defer f.Close()
 	if want, ok := goarchMachine[goarch]; ok && f.Machine != want {
-		return fmt.Errorf("ELF machine %v; want %v for GOARCH %s", f.Machine, want, goarch)
+		return errors.Newf("ELF machine %v; want %v for GOARCH %s", f.Machine, want, goarch)
 	}
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_INTERP {

@@ -17,7 +17,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -27,6 +26,8 @@ import (
 	"runtime"
 	"strings"
 	"time"
+
+	"github.com/cockroachdb/errors"
 )
 
 func main() {
@@ -57,15 +58,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	ociDir := fs.String("oci", "", "write an OCI image layout into this directory")
 	verify := fs.Bool("verify", false, "read the written image back, check it, and run `rangesvc version` extracted from it")
 	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return errors.Newf("%w: %v", errUsage, err)
 	}
 	switch {
 	case fs.NArg() > 0:
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+		return errors.Newf("%w: unexpected arguments %q", errUsage, fs.Args())
 	case *version == "":
-		return fmt.Errorf("%w: -version is required", errUsage)
+		return errors.Newf("%w: -version is required", errUsage)
 	case *tarPath == "" && *ociDir == "":
-		return fmt.Errorf("%w: give -tar FILE or -oci DIR (or both)", errUsage)
+		return errors.Newf("%w: give -tar FILE or -oci DIR (or both)", errUsage)
 	}
 	if *tag == "" {
 		*tag = "idrange/rangesvc:" + strings.TrimPrefix(*version, "+")
@@ -100,7 +101,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				return err
 			}
 			if err := Verify(ctx, back, *version, stdout); err != nil {
-				return fmt.Errorf("%s: %w", *tarPath, err)
+				return errors.Newf("%s: %w", *tarPath, err)
 			}
 		}
 	}
@@ -115,7 +116,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				return err
 			}
 			if err := Verify(ctx, back, *version, stdout); err != nil {
-				return fmt.Errorf("%s: %w", *ociDir, err)
+				return errors.Newf("%s: %w", *ociDir, err)
 			}
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 
+	"github.com/cockroachdb/errors"
 	"sigs.k8s.io/yaml"
 )
 
@@ -49,7 +50,7 @@ func readYAML(path string, v any) error {
 		return err
 	}
 	if err := yaml.Unmarshal(b, v); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+		return errors.Newf("%s: %w", path, err)
 	}
 	return nil
 }
@@ -87,7 +88,7 @@ func readDashboard(path string) (dashboard, error) {
 		return d, err
 	}
 	if err := json.Unmarshal(b, &d); err != nil {
-		return d, fmt.Errorf("%s: %w", path, err)
+		return d, errors.Newf("%s: %w", path, err)
 	}
 	return d, nil
 }

@@ -14,9 +14,10 @@ package promrule
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"time"
+
+	"github.com/cockroachdb/errors"
 
 	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
@@ -110,20 +111,20 @@ func DecodeStrict(data []byte, into any) error {
 func Parse(data []byte) (RulesFile, error) {
 	var f RulesFile
 	if err := DecodeStrict(data, &f); err != nil {
-		return f, fmt.Errorf("%w: %v", ErrInvalid, err)
+		return f, errors.Newf("%w: %v", ErrInvalid, err)
 	}
 	if len(f.Groups) == 0 {
-		return f, fmt.Errorf("%w: no groups", ErrInvalid)
+		return f, errors.Newf("%w: no groups", ErrInvalid)
 	}
 	seen := map[string]bool{}
 	for gi, g := range f.Groups {
 		switch {
 		case g.Name == "":
-			return f, fmt.Errorf("%w: group %d has no name", ErrInvalid, gi+1)
+			return f, errors.Newf("%w: group %d has no name", ErrInvalid, gi+1)
 		case seen[g.Name]:
-			return f, fmt.Errorf("%w: group %q appears twice", ErrInvalid, g.Name)
+			return f, errors.Newf("%w: group %q appears twice", ErrInvalid, g.Name)
 		case len(g.Rules) == 0:
-			return f, fmt.Errorf("%w: group %q has no rules", ErrInvalid, g.Name)
+			return f, errors.Newf("%w: group %q has no rules", ErrInvalid, g.Name)
 		}
 		seen[g.Name] = true
 		if err := checkDurations(g.Name, map[string]string{"interval": g.Interval, "query_offset": g.QueryOffset}); err != nil {
@@ -133,11 +134,11 @@ func Parse(data []byte) (RulesFile, error) {
 			where := fmt.Sprintf("group %q rule %d", g.Name, ri+1)
 			switch {
 			case (r.Record == "") == (r.Alert == ""):
-				return f, fmt.Errorf("%w: %s: want exactly one of record and alert", ErrInvalid, where)
+				return f, errors.Newf("%w: %s: want exactly one of record and alert", ErrInvalid, where)
 			case r.Expr == "":
-				return f, fmt.Errorf("%w: %s: empty expr", ErrInvalid, where)
+				return f, errors.Newf("%w: %s: empty expr", ErrInvalid, where)
 			case r.Record != "" && (r.For != "" || r.KeepFiringFor != "" || len(r.Annotations) > 0):
-				return f, fmt.Errorf("%w: %s: recording rule %q with for, keep_firing_for or annotations", ErrInvalid, where, r.Record)
+				return f, errors.Newf("%w: %s: recording rule %q with for, keep_firing_for or annotations", ErrInvalid, where, r.Record)
 			}
 			if err := checkDurations(where, map[string]string{"for": r.For, "keep_firing_for": r.KeepFiringFor}); err != nil {
 				return f, err
@@ -160,7 +161,7 @@ func checkDurations(where string, ds map[string]string) error {
 			s = s[:n-1] + "h" // the number's syntax is what is checked
 		}
 		if _, err := time.ParseDuration(s); err != nil {
-			return fmt.Errorf("%w: %s: %s %q is not a duration", ErrInvalid, where, field, d)
+			return errors.Newf("%w: %s: %s %q is not a duration", ErrInvalid, where, field, d)
 		}
 	}
 	return nil
@@ -189,7 +190,7 @@ func Generate(data []byte) ([]byte, error) {
 	}
 	out, err := yaml.Marshal(pr)
 	if err != nil {
-		return nil, fmt.Errorf("encode PrometheusRule: %w", err)
+		return nil, errors.Newf("encode PrometheusRule: %w", err)
 	}
 	var b bytes.Buffer
 	b.WriteString(Header)

@@ -22,13 +22,15 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/cockroachdb/errors"
 )
 
 func main() {
 	var cfg config
 	flag.Func("require", "a test `name` (top level, or Test/sub) that must run and pass; repeatable", func(s string) error {
 		if s == "" || strings.ContainsAny(s, " \t\n") {
-			return fmt.Errorf("want a test name, got %q", s)
+			return errors.Newf("want a test name, got %q", s)
 		}
 		cfg.require = append(cfg.require, s)
 		return nil
@@ -105,7 +107,7 @@ func run(in io.Reader, out io.Writer, cfg config) error {
 		f.handle(e)
 	}
 	if err := sc.Err(); err != nil {
-		return fmt.Errorf("reading go test -json: %w", err)
+		return errors.Newf("reading go test -json: %w", err)
 	}
 	return f.finish()
 }
@@ -216,7 +218,7 @@ func (p *pkgState) print(out io.Writer, top string) {
 
 func (f *filter) finish() error {
 	if f.events == 0 {
-		return fmt.Errorf("no go test -json events on stdin (did go test run with -json?)")
+		return errors.Newf("no go test -json events on stdin (did go test run with -json?)")
 	}
 	for _, name := range f.order {
 		if p := f.pkgs[name]; !p.done {
@@ -237,7 +239,7 @@ func (f *filter) finish() error {
 	for _, s := range f.failures {
 		fmt.Fprintln(f.out, "  "+s)
 	}
-	return fmt.Errorf("%d failure(s), listed above", len(f.failures))
+	return errors.Newf("%d failure(s), listed above", len(f.failures))
 }
 
 // result is the outcome of test in whichever package ran it: fail if it

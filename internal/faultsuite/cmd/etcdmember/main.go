@@ -29,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cockroachdb/errors"
 	"go.etcd.io/etcd/server/v3/embed"
 )
 
@@ -66,26 +67,26 @@ func parse(args []string) (config, error) {
 	}
 	switch {
 	case fs.NArg() > 0:
-		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+		return c, errors.Newf("unexpected arguments %q", fs.Args())
 	case c.name == "" || c.dir == "" || c.cluster == "":
-		return c, fmt.Errorf("--name, --data-dir and --initial-cluster are required")
+		return c, errors.Newf("--name, --data-dir and --initial-cluster are required")
 	case c.state != "new" && c.state != "existing":
-		return c, fmt.Errorf("--cluster-state %q: want new or existing", c.state)
+		return c, errors.Newf("--cluster-state %q: want new or existing", c.state)
 	case c.tickMs == 0 || c.electionMs < 5*c.tickMs:
-		return c, fmt.Errorf("--election-ms %d must be >= 5 x --tick-ms %d", c.electionMs, c.tickMs)
+		return c, errors.Newf("--election-ms %d must be >= 5 x --tick-ms %d", c.electionMs, c.tickMs)
 	}
 	for flagName, u := range map[string]string{"--client-url": c.clientURL, "--peer-url": c.peerURL} {
 		if _, err := loopbackURL(u); err != nil {
-			return c, fmt.Errorf("%s: %w", flagName, err)
+			return c, errors.Newf("%s: %w", flagName, err)
 		}
 	}
 	for _, m := range strings.Split(c.cluster, ",") {
 		n, u, ok := strings.Cut(m, "=")
 		if !ok || n == "" {
-			return c, fmt.Errorf("--initial-cluster entry %q: want name=url", m)
+			return c, errors.Newf("--initial-cluster entry %q: want name=url", m)
 		}
 		if _, err := loopbackURL(u); err != nil {
-			return c, fmt.Errorf("--initial-cluster entry %q: %w", m, err)
+			return c, errors.Newf("--initial-cluster entry %q: %w", m, err)
 		}
 	}
 	return c, nil
@@ -94,11 +95,11 @@ func parse(args []string) (config, error) {
 func loopbackURL(raw string) (url.URL, error) {
 	u, err := url.Parse(raw)
 	if err != nil || u.Scheme != "http" {
-		return url.URL{}, fmt.Errorf("%q: want http://127.0.0.1:PORT", raw)
+		return url.URL{}, errors.Newf("%q: want http://127.0.0.1:PORT", raw)
 	}
 	host, _, err := net.SplitHostPort(u.Host)
 	if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
-		return url.URL{}, fmt.Errorf("%q: host must be a loopback IP", raw)
+		return url.URL{}, errors.Newf("%q: host must be a loopback IP", raw)
 	}
 	return *u, nil
 }
@@ -136,7 +137,7 @@ func run(args []string) error {
 
 	e, err := embed.StartEtcd(ec)
 	if err != nil {
-		return fmt.Errorf("start: %w", err)
+		return errors.Newf("start: %w", err)
 	}
 	defer e.Close()
 	timer := time.NewTimer(c.readyTimeout)
@@ -145,15 +146,15 @@ func run(args []string) error {
 	case <-e.Server.ReadyNotify():
 		fmt.Printf("READY %s\n", cu.String())
 	case err := <-e.Err():
-		return fmt.Errorf("failed while starting: %w", err)
+		return errors.Newf("failed while starting: %w", err)
 	case <-timer.C:
-		return fmt.Errorf("not ready within %v", c.readyTimeout)
+		return errors.Newf("not ready within %v", c.readyTimeout)
 	case <-ctx.Done():
 		return nil
 	}
 	select {
 	case err := <-e.Err():
-		return fmt.Errorf("failed: %w", err)
+		return errors.Newf("failed: %w", err)
 	case <-ctx.Done():
 		return nil
 	}

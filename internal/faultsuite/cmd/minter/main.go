@@ -25,7 +25,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -35,6 +34,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/cockroachdb/errors"
 
 	"google.golang.org/grpc"
 
@@ -101,15 +102,15 @@ func parse(args []string) (config, error) {
 	}
 	switch {
 	case fs.NArg() > 0:
-		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+		return c, errors.Newf("unexpected arguments %q", fs.Args())
 	case len(c.targets) == 0:
 		return c, errors.New("--targets is required")
 	case c.region < 0 || c.region > snowflake.MaxRegion:
-		return c, fmt.Errorf("--region %d not in 0..%d", c.region, snowflake.MaxRegion)
+		return c, errors.Newf("--region %d not in 0..%d", c.region, snowflake.MaxRegion)
 	case c.name == "" || strings.ContainsAny(c.name, " \t=") || c.path == "":
 		return c, errors.New("--name (no spaces) and --history are required")
 	case c.rate < 1 || c.batch < 1 || c.batch > c.rate:
-		return c, fmt.Errorf("--rate %d and --batch %d must be >= 1 with batch <= rate", c.rate, c.batch)
+		return c, errors.Newf("--rate %d and --batch %d must be >= 1 with batch <= rate", c.rate, c.batch)
 	case c.margin <= 0 || c.rpcTimeout <= 0 || c.callTimeout <= 0 || c.duration <= 0 || c.startTimeout <= 0:
 		return c, errors.New("durations must be positive")
 	}
@@ -123,7 +124,7 @@ func run(args []string) error {
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.logLevel)); err != nil {
-		return fmt.Errorf("--log-level %q", c.logLevel)
+		return errors.Newf("--log-level %q", c.logLevel)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})).With("minter", c.name)
 
@@ -163,7 +164,7 @@ func run(args []string) error {
 	scancel()
 	if err != nil {
 		rec.Note(history.Now(), "start failed: "+err.Error())
-		return fmt.Errorf("start: %w", err)
+		return errors.Newf("start: %w", err)
 	}
 	if err := rec.Flush(); err != nil { // the lease is on file before READY
 		return err
@@ -199,7 +200,7 @@ func mint(ctx context.Context, c config, cli *rangeclient.Client, rec *history.R
 		rec.Minted(t0, t1, ids)
 		minted += int64(len(ids))
 		if rerr := rec.Err(); rerr != nil {
-			return minted, failed, fmt.Errorf("stopped minting after %d IDs: the history misses events since its last flush: %w", minted, rerr)
+			return minted, failed, errors.Newf("stopped minting after %d IDs: the history misses events since its last flush: %w", minted, rerr)
 		}
 		wait := time.Duration(0)
 		if err != nil {

@@ -24,11 +24,12 @@ package etcdstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
 	"time"
+
+	"github.com/cockroachdb/errors"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -48,7 +49,7 @@ const DefaultPrefix = "/idrange/v1/"
 // by accident. The error wraps segment.ErrInvalid.
 func ValidatePrefix(p string) error {
 	if !strings.HasPrefix(p, "/") || !strings.HasSuffix(p, "/") {
-		return fmt.Errorf("key prefix %q must start and end with /: %w", p, segment.ErrInvalid)
+		return errors.Newf("key prefix %q must start and end with /: %w", p, segment.ErrInvalid)
 	}
 	return nil
 }
@@ -76,13 +77,13 @@ var _ store.BatchStorage = (*Storage)(nil)
 // segment.ErrInvalid that names it.
 func New(cli *clientv3.Client, cfg Config) (*Storage, error) {
 	if cli == nil {
-		return nil, fmt.Errorf("etcdstore: nil etcd client: %w", segment.ErrInvalid)
+		return nil, errors.Newf("etcdstore: nil etcd client: %w", segment.ErrInvalid)
 	}
 	if cfg.Prefix == "" {
 		cfg.Prefix = DefaultPrefix
 	}
 	if err := ValidatePrefix(cfg.Prefix); err != nil {
-		return nil, fmt.Errorf("etcdstore: Config.Prefix: %w", err)
+		return nil, errors.Newf("etcdstore: Config.Prefix: %w", err)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -244,7 +245,7 @@ func (s *Storage) CommitHighWaters(ctx context.Context, ops []store.GrantOp) ([]
 	case len(ops) == 0:
 		return nil, nil
 	case len(ops) > MaxBatch:
-		return nil, fmt.Errorf("etcdstore: batch of %d grants, more than %d: %w", len(ops), MaxBatch, segment.ErrInvalid)
+		return nil, errors.Newf("etcdstore: batch of %d grants, more than %d: %w", len(ops), MaxBatch, segment.ErrInvalid)
 	case len(ops) == 1:
 		op := ops[0]
 		rev, ok, fresh, err := s.CommitHighWater(ctx, op.Region, op.Worker, op.Commit)
@@ -263,13 +264,13 @@ func (s *Storage) CommitHighWaters(ctx context.Context, ops []store.GrantOp) ([]
 		return nil, err
 	}
 	if len(resp.Responses) != len(ops) {
-		return nil, fmt.Errorf("etcdstore: batch Txn answered %d of %d grants", len(resp.Responses), len(ops))
+		return nil, errors.Newf("etcdstore: batch Txn answered %d of %d grants", len(resp.Responses), len(ops))
 	}
 	out := make([]store.GrantResult, len(ops))
 	for i, op := range ops {
 		r := resp.Responses[i].GetResponseTxn()
 		if r == nil || (!r.Succeeded && len(r.Responses) < 3) {
-			return nil, fmt.Errorf("etcdstore: batch Txn answer %d is not a grant's transaction", i)
+			return nil, errors.Newf("etcdstore: batch Txn answer %d is not a grant's transaction", i)
 		}
 		out[i] = grantResult(resp.Header.Revision, r.Succeeded, r.Responses, op.Commit)
 	}

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -157,7 +158,7 @@ func (s *Storage) Put(key string, value []byte, lease int64) error {
 	defer s.mu.Unlock()
 	s.expireLocked()
 	if lease != 0 && s.leases[lease] == nil {
-		return fmt.Errorf("memstore: lease %x not found", lease)
+		return errors.Newf("memstore: lease %x not found", lease)
 	}
 	s.rev++
 	s.putLocked(key, value, lease)
@@ -263,7 +264,7 @@ func (s *Storage) CreateOwner(ctx context.Context, region, worker int, highWater
 		return 0, false, nil
 	}
 	if s.leases[leaseID] == nil {
-		return 0, false, fmt.Errorf("memstore: lease %x not found", leaseID)
+		return 0, false, errors.Newf("memstore: lease %x not found", leaseID)
 	}
 	s.rev++
 	s.putLocked(lk, value, leaseID)
@@ -299,7 +300,7 @@ func (s *Storage) MaxBatch() int { return MaxBatch }
 // nested transactions would.
 func (s *Storage) CommitHighWaters(ctx context.Context, ops []store.GrantOp) ([]store.GrantResult, error) {
 	if len(ops) > MaxBatch {
-		return nil, fmt.Errorf("memstore: batch of %d grants, more than %d", len(ops), MaxBatch)
+		return nil, errors.Newf("memstore: batch of %d grants, more than %d", len(ops), MaxBatch)
 	}
 	if err := s.begin(ctx); err != nil {
 		return nil, err
@@ -309,7 +310,7 @@ func (s *Storage) CommitHighWaters(ctx context.Context, ops []store.GrantOp) ([]
 	for _, op := range ops {
 		k := [2]int{op.Region, op.Worker}
 		if seen[k] {
-			return nil, fmt.Errorf("memstore: two grants for region %d worker %d in one batch", op.Region, op.Worker)
+			return nil, errors.Newf("memstore: two grants for region %d worker %d in one batch", op.Region, op.Worker)
 		}
 		seen[k] = true
 	}

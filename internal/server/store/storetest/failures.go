@@ -2,13 +2,14 @@ package storetest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/segment"
@@ -445,11 +446,11 @@ func testConcurrentCodesNeverOverlap(t *testing.T, be Backend) {
 			for range perCaller {
 				b, err := st.Allocate(ctx, leases[c], 1+i*100)
 				if err != nil {
-					errs <- fmt.Errorf("code %d: %w", c, err)
+					errs <- errors.Newf("code %d: %w", c, err)
 					return
 				}
 				if b.Worker != leases[c].Worker || b.Region != 2 {
-					errs <- fmt.Errorf("code %d: block for code %d/%d", c, b.Region, b.Worker)
+					errs <- errors.Newf("code %d: block for code %d/%d", c, b.Region, b.Worker)
 					return
 				}
 				mu.Lock()

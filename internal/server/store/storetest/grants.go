@@ -1,12 +1,13 @@
 package storetest
 
 import (
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/testing/fakeclock"
@@ -192,15 +193,15 @@ func testConcurrentReplicasNeverOverlap(t *testing.T, be Backend) {
 				}
 				b, err := st.Allocate(ctx, l, 1+r.IntN(10*4096))
 				if err != nil {
-					errs <- fmt.Errorf("caller %d grant %d: %w", c, i, err)
+					errs <- errors.Newf("caller %d grant %d: %w", c, i, err)
 					return
 				}
 				if b.Lo < before {
-					errs <- fmt.Errorf("caller %d: block [%d,%d) starts below the HWM %d read before the call", c, b.Lo, b.Hi, before)
+					errs <- errors.Newf("caller %d: block [%d,%d) starts below the HWM %d read before the call", c, b.Lo, b.Hi, before)
 					return
 				}
 				if b.Lo < prevHi || b.Hi <= b.Lo {
-					errs <- fmt.Errorf("caller %d: block [%d,%d) after its previous Hi %d", c, b.Lo, b.Hi, prevHi)
+					errs <- errors.Newf("caller %d: block [%d,%d) after its previous Hi %d", c, b.Lo, b.Hi, prevHi)
 					return
 				}
 				prevHi = b.Hi

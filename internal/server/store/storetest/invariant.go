@@ -1,12 +1,13 @@
 package storetest
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/segment"
@@ -218,7 +219,7 @@ func testNoFalseRegression(t *testing.T, be Backend) {
 				default:
 					var snap store.RegionSnapshot
 					if snap, err = st.Snapshot(ctx, region); err == nil && len(snap.Corrupt) > 0 {
-						err = fmt.Errorf("snapshot reports %d stopped codes", len(snap.Corrupt))
+						err = errors.Newf("snapshot reports %d stopped codes", len(snap.Corrupt))
 					}
 				}
 				if err != nil {

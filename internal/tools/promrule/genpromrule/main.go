@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/internal/tools/promrule"
 )
 
@@ -32,7 +33,7 @@ func run(in, out string) error {
 	}
 	gen, err := promrule.Generate(data)
 	if err != nil {
-		return fmt.Errorf("%s: %w", in, err)
+		return errors.Newf("%s: %w", in, err)
 	}
 	return os.WriteFile(out, gen, 0o644)
 }
