@@ -28,7 +28,7 @@
 // stops when its stdin closes and, on Linux, when this process dies.
 //
 // Verification: every ID is kept (8 bytes each) and checked with
-// internal/testing/idcheck at the end: unique, timestamp inside the run (plus the
+// internal/testing/measure at the end: unique, timestamp inside the run (plus the
 // service's maximum lead), code one of the fleet's leased codes. Report.Err
 // is non-nil on any failure. Workers that minted nothing (starved by an
 // overloaded store) are listed, but are a liveness problem, not a
@@ -51,10 +51,7 @@ import (
 
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/testing/clienttune"
-	"github.com/idrange/idrange/internal/testing/hdr"
-	"github.com/idrange/idrange/internal/testing/idcheck"
-	"github.com/idrange/idrange/internal/testing/machine"
-	"github.com/idrange/idrange/internal/testing/report"
+	"github.com/idrange/idrange/internal/testing/measure"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -212,9 +209,9 @@ func (c Config) Validate() error {
 
 // Report is the outcome of a Run.
 type Report struct {
-	Machine machine.Info `json:"machine"`
-	Started time.Time    `json:"started"`
-	Fleet   Fleet        `json:"fleet"`
+	Machine measure.Machine `json:"machine"`
+	Started time.Time       `json:"started"`
+	Fleet   Fleet           `json:"fleet"`
 
 	SetupTime Dur `json:"setup_time"`
 	// LeaseChanges counts leases clients acquired after their first (a lost
@@ -250,11 +247,11 @@ type Report struct {
 	TotalRate     float64 `json:"total_rate"`
 	TargetReached bool    `json:"target_reached"`
 	// Latency is per ID (each Next call), all workers, bursts included.
-	Latency hdr.Summary `json:"latency_per_id"`
+	Latency measure.Summary `json:"latency_per_id"`
 	// TickLateness is how late workers received their pacing ticks: large
 	// values mean the machine could not keep up with the schedule.
-	TickLateness hdr.Summary `json:"tick_lateness"`
-	Burst        Burst       `json:"burst"`
+	TickLateness measure.Summary `json:"tick_lateness"`
+	Burst        Burst           `json:"burst"`
 
 	// Client counters summed over the fleet (rangeclient.Stats).
 	Refills      uint64 `json:"refills"`
@@ -270,7 +267,7 @@ type Report struct {
 	EtcdWritesPerSec float64       `json:"etcd_writes_per_sec"`
 	// ServerLatency is the services' own time per RPC method during the
 	// run (all regions), store included: where a stall came from.
-	ServerLatency map[string]hdr.Summary `json:"server_latency"`
+	ServerLatency map[string]measure.Summary `json:"server_latency"`
 	// Errors are failed Next calls (not counting the end of the run).
 	Errors     int64  `json:"errors"`
 	FirstError string `json:"first_error,omitempty"`
@@ -298,11 +295,11 @@ type Fleet struct {
 
 // Burst summarises the burst profile.
 type Burst struct {
-	Size         int         `json:"size"`
-	Count        int         `json:"count"`
-	WithinBudget int         `json:"within_1ms"`
-	Duration     hdr.Summary `json:"duration"`
-	Latency      hdr.Summary `json:"latency_per_id"`
+	Size         int             `json:"size"`
+	Count        int             `json:"count"`
+	WithinBudget int             `json:"within_1ms"`
+	Duration     measure.Summary `json:"duration"`
+	Latency      measure.Summary `json:"latency_per_id"`
 }
 
 // VerifySummary is the idcheck result without the per-code list.
@@ -310,19 +307,19 @@ type VerifySummary struct {
 	Checked            int64               `json:"checked"`
 	Unique             int64               `json:"unique"`
 	Duplicates         int64               `json:"duplicates"`
-	DuplicateExamples  []idcheck.Duplicate `json:"duplicate_examples,omitempty"`
+	DuplicateExamples  []measure.Duplicate `json:"duplicate_examples,omitempty"`
 	OutOfRange         int64               `json:"out_of_range"`
-	OutOfRangeExamples []idcheck.Bad       `json:"out_of_range_examples,omitempty"`
+	OutOfRangeExamples []measure.Bad       `json:"out_of_range_examples,omitempty"`
 	Codes              int                 `json:"codes"`
-	MissingCodes       []idcheck.Code      `json:"missing_codes,omitempty"`
+	MissingCodes       []measure.Code      `json:"missing_codes,omitempty"`
 	Problem            string              `json:"problem,omitempty"`
 }
 
-// Dur is a time.Duration that marshals as text ("1.5s"); see report.Dur.
-type Dur = report.Dur
+// Dur is a time.Duration that marshals as text ("1.5s"); see measure.Dur.
+type Dur = measure.Dur
 
 // Err is nil when every ID verified and no call failed; otherwise it wraps
-// ErrVerify (with idcheck's sentinel) or describes the failed calls.
+// ErrVerify (with the checker's sentinel) or describes the failed calls.
 func (r *Report) Err() error {
 	if r.verifyErr != nil {
 		return errors.Wrapf(errors.Mark(r.verifyErr, ErrVerify), "bench")
@@ -407,12 +404,12 @@ func (e *Env) counts() region.Counts {
 	return c
 }
 
-func (e *Env) rpcLatency() map[string]*hdr.Histogram {
-	out := map[string]*hdr.Histogram{}
+func (e *Env) rpcLatency() map[string]*measure.Histogram {
+	out := map[string]*measure.Histogram{}
 	for _, r := range e.regions {
 		for m, h := range r.RPCLatency() {
 			if out[m] == nil {
-				out[m] = hdr.New()
+				out[m] = measure.NewHistogram()
 			}
 			out[m].Merge(h)
 		}
@@ -422,8 +419,8 @@ func (e *Env) rpcLatency() map[string]*hdr.Histogram {
 
 // rpcLatencySince summarises the RPCs served after the snapshot before:
 // histograms only grow, so the run's own part is the bucket difference.
-func (e *Env) rpcLatencySince(before map[string]*hdr.Histogram) map[string]hdr.Summary {
-	out := map[string]hdr.Summary{}
+func (e *Env) rpcLatencySince(before map[string]*measure.Histogram) map[string]measure.Summary {
+	out := map[string]measure.Summary{}
 	for m, h := range e.rpcLatency() {
 		if b := before[m]; b != nil {
 			h.Subtract(b)
@@ -460,25 +457,25 @@ func etcdLayout(cfg Config) string {
 // worker is one client and what its goroutine measured.
 type worker struct {
 	region, index int
-	code          idcheck.Code
+	code          measure.Code
 	c             *rangeclient.Client
 
 	n      int64 // IDs kept (owned by the worker's goroutine)
 	window int64 // paced IDs returned by the end of the window
 	// foreign counts IDs whose region field is not the worker's region.
 	foreign   int64
-	foreignEx []idcheck.Bad
+	foreignEx []measure.Bad
 	minted    atomic.Int64 // n as of the last tick, read by the progress line
-	hist      hdr.Histogram
-	late      hdr.Histogram
+	hist      measure.Histogram
+	late      measure.Histogram
 	slow      uint64
 	errs      int64
 	err       error
 	buf       []snowflake.ID
 
 	burst      bool
-	burstHist  hdr.Histogram
-	burstDur   hdr.Histogram
+	burstHist  measure.Histogram
+	burstDur   measure.Histogram
 	bursts     int
 	burstsInBg int
 	burstIDs   int64
@@ -511,7 +508,7 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 		fmt.Fprintf(cfg.Progress, "bench: cpu hog: %d busy core(s) in child process %d\n", cfg.CPUHog, h.cmd.Process.Pid)
 	}
 	begin := time.Now()
-	cpu0 := machine.CPUTime()
+	cpu0 := measure.CPUTime()
 	checker, err := newChecker(env, cfg, begin)
 	if err != nil {
 		return nil, err
@@ -538,7 +535,7 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 func newReport(cfg Config) *Report {
 	n := cfg.Regions * cfg.Workers
 	rep := &Report{
-		Machine: machine.Current(),
+		Machine: measure.CurrentMachine(),
 		Started: time.Now().UTC(),
 		Fleet: Fleet{
 			Regions: cfg.Regions, Workers: cfg.Workers, TargetRate: cfg.Rate,
@@ -574,17 +571,17 @@ func (rep *Report) startFleet(ctx context.Context, env *Env, cfg Config) ([]*wor
 // that loses its lease takes a new one, possibly another code of its
 // region: every code of the fleet's regions is allowed, and each worker
 // checks that its IDs carry its own region (keep).
-func newChecker(env *Env, cfg Config, begin time.Time) (*idcheck.Checker, error) {
+func newChecker(env *Env, cfg Config, begin time.Time) (*measure.Checker, error) {
 	regionCodes := make([]int, cfg.Regions)
 	for i := range regionCodes {
 		regionCodes[i] = env.regions[i].RegionID()
 	}
-	expect := idcheck.Codes(regionCodes, snowflake.MaxWorker+1)
+	expect := measure.Codes(regionCodes, snowflake.MaxWorker+1)
 	leadSlack := segment.DefaultMaxLead
 	if cfg.Store.Policy.MaxLead > 0 {
 		leadSlack = cfg.Store.Policy.MaxLead
 	}
-	return idcheck.New(idcheck.Config{
+	return measure.NewChecker(measure.CheckConfig{
 		Expect:    expect, // a worker that minted nothing is reported (Verify.MissingCodes), not a failure
 		NotBefore: begin.Add(-time.Second),
 		NotAfter:  begin.Add(cfg.Duration + leadSlack + 5*time.Second),
@@ -597,7 +594,7 @@ func newChecker(env *Env, cfg Config, begin time.Time) (*idcheck.Checker, error)
 type baseline struct {
 	counts  region.Counts
 	stats   statsSum
-	latency map[string]*hdr.Histogram
+	latency map[string]*measure.Histogram
 }
 
 func takeBaseline(env *Env, workers []*worker) baseline {
@@ -607,7 +604,7 @@ func takeBaseline(env *Env, workers []*worker) baseline {
 // runPaced runs every worker's paced loop (and the progress line) until
 // the end of the window plus the grace for late Next calls, and records
 // the elapsed time and CPU use.
-func (rep *Report) runPaced(ctx context.Context, cfg Config, env *Env, workers []*worker, checker *idcheck.Checker,
+func (rep *Report) runPaced(ctx context.Context, cfg Config, env *Env, workers []*worker, checker *measure.Checker,
 	begin time.Time, cpu0 time.Duration, base baseline) {
 	end := begin.Add(cfg.Duration)
 	runCtx, cancel := context.WithDeadline(ctx, end.Add(endGrace))
@@ -630,7 +627,7 @@ func (rep *Report) runPaced(ctx context.Context, cfg Config, env *Env, workers [
 	}()
 	wg.Wait()
 	rep.Elapsed = Dur(time.Since(begin))
-	rep.CPUCores = float64(machine.CPUTime()-cpu0) / float64(rep.Elapsed)
+	rep.CPUCores = float64(measure.CPUTime()-cpu0) / float64(rep.Elapsed)
 	cancel()
 	<-progressDone
 }
@@ -638,7 +635,7 @@ func (rep *Report) runPaced(ctx context.Context, cfg Config, env *Env, workers [
 // sumWorkers adds up what the workers measured: IDs, latency, errors,
 // bursts and the rates.
 func (rep *Report) sumWorkers(cfg Config, workers []*worker) {
-	var lat, late, bh, bd hdr.Histogram
+	var lat, late, bh, bd measure.Histogram
 	var inWindow int64
 	for _, w := range workers {
 		rep.IDs += w.minted.Load()
@@ -685,13 +682,13 @@ func (rep *Report) sumFleet(cfg Config, env *Env, workers []*worker, base baseli
 
 // verify checks every ID kept and records the result (verifyErr on any
 // failure).
-func (rep *Report) verify(cfg Config, checker *idcheck.Checker, workers []*worker) {
+func (rep *Report) verify(cfg Config, checker *measure.Checker, workers []*worker) {
 	fmt.Fprintf(cfg.Progress, "bench: verifying %d IDs\n", checker.Len())
 	vstart := time.Now()
 	res := checker.Check()
 	rep.VerifyTime = Dur(time.Since(vstart))
 	// MissingCodes are the workers' first codes that minted nothing, not
-	// idcheck's (every code of the fleet's regions is allowed, few are used).
+	// the checker's (every code of the fleet's regions is allowed, few are used).
 	rep.Verify = VerifySummary{
 		Checked: res.Checked, Unique: res.Unique, Duplicates: res.Duplicates, DuplicateExamples: res.DuplicateExamples,
 		OutOfRange: res.OutOfRange, OutOfRangeExamples: res.OutOfRangeExamples, Codes: len(res.Codes),
@@ -699,7 +696,7 @@ func (rep *Report) verify(cfg Config, checker *idcheck.Checker, workers []*worke
 	var codesHeld uint64
 	for _, w := range workers {
 		rep.Verify.OutOfRange += w.foreign
-		if room := idcheck.DefaultMaxExamples - len(rep.Verify.OutOfRangeExamples); room > 0 {
+		if room := measure.DefaultMaxExamples - len(rep.Verify.OutOfRangeExamples); room > 0 {
 			rep.Verify.OutOfRangeExamples = append(rep.Verify.OutOfRangeExamples, w.foreignEx[:min(room, len(w.foreignEx))]...)
 		}
 		codesHeld += w.c.Stats().Acquisitions
@@ -720,7 +717,7 @@ func (rep *Report) verify(cfg Config, checker *idcheck.Checker, workers []*worke
 	case res.Err() != nil:
 		rep.verifyErr = res.Err()
 	case rep.Verify.OutOfRange > 0:
-		rep.verifyErr = errors.Wrapf(idcheck.ErrOutOfRange, "%d IDs carry another region than their client's, e.g. %d (%s)",
+		rep.verifyErr = errors.Wrapf(measure.ErrOutOfRange, "%d IDs carry another region than their client's, e.g. %d (%s)",
 			rep.Verify.OutOfRange, rep.Verify.OutOfRangeExamples[0].ID, rep.Verify.OutOfRangeExamples[0].Reason)
 	}
 	if rep.verifyErr != nil {
@@ -781,7 +778,7 @@ func startClients(ctx context.Context, env *Env, cfg Config) ([]*worker, int64, 
 			}
 			l := c.Lease().Lease
 			workers[i] = &worker{region: reg.RegionID(), index: i % cfg.Workers, c: c,
-				code: idcheck.Code{Region: l.Region, Worker: l.Worker}, buf: make([]snowflake.ID, 0, flushEvery)}
+				code: measure.Code{Region: l.Region, Worker: l.Worker}, buf: make([]snowflake.ID, 0, flushEvery)}
 		}()
 	}
 	wg.Wait()
@@ -823,7 +820,7 @@ func fleetStats(ws []*worker) statsSum {
 }
 
 // run is one worker's paced loop.
-func (w *worker) run(ctx context.Context, cfg Config, begin, end time.Time, offset time.Duration, rate float64, checker *idcheck.Checker) {
+func (w *worker) run(ctx context.Context, cfg Config, begin, end time.Time, offset time.Duration, rate float64, checker *measure.Checker) {
 	defer func() {
 		w.flush(cfg, checker)
 		w.minted.Store(w.n)
@@ -912,7 +909,7 @@ func (w *worker) next(ctx context.Context, now *time.Time) (snowflake.ID, time.D
 }
 
 // runBurst asks for BurstSize IDs back to back.
-func (w *worker) runBurst(ctx context.Context, cfg Config, checker *idcheck.Checker) bool {
+func (w *worker) runBurst(ctx context.Context, cfg Config, checker *measure.Checker) bool {
 	start := time.Now()
 	now := start
 	for range cfg.BurstSize {
@@ -934,7 +931,7 @@ func (w *worker) runBurst(ctx context.Context, cfg Config, checker *idcheck.Chec
 	return true
 }
 
-func (w *worker) keep(cfg Config, checker *idcheck.Checker, id snowflake.ID) {
+func (w *worker) keep(cfg Config, checker *measure.Checker, id snowflake.ID) {
 	w.n++
 	w.buf = append(w.buf, id)
 	if len(w.buf) == cap(w.buf) {
@@ -942,7 +939,7 @@ func (w *worker) keep(cfg Config, checker *idcheck.Checker, id snowflake.ID) {
 	}
 }
 
-func (w *worker) flush(cfg Config, checker *idcheck.Checker) {
+func (w *worker) flush(cfg Config, checker *measure.Checker) {
 	ids := w.buf
 	if cfg.Sink != nil {
 		ids = cfg.Sink(w.region, w.index, ids)
@@ -953,7 +950,7 @@ func (w *worker) flush(cfg Config, checker *idcheck.Checker) {
 		if r := id.Region(); r != w.region && r < cfg.Regions {
 			w.foreign++
 			if len(w.foreignEx) < 3 {
-				w.foreignEx = append(w.foreignEx, idcheck.Bad{ID: int64(id),
+				w.foreignEx = append(w.foreignEx, measure.Bad{ID: int64(id),
 					Reason: fmt.Sprintf("region field %d from a client of region %d", id.Region(), w.region)})
 			}
 		}
@@ -992,7 +989,7 @@ func progress(ctx context.Context, cfg Config, env *Env, ws []*worker, begin tim
 			c := env.counts()
 			dt := now.Sub(last).Seconds()
 			fmt.Fprintf(cfg.Progress, "bench: %5.1fs/%v  %s IDs/s (target %s)  total %s  refills %d  stalls %d  etcd writes/s %.0f\n",
-				now.Sub(begin).Seconds(), cfg.Duration, report.SI(float64(ids-lastIDs)/dt), report.SI(cfg.Rate), report.SI(float64(ids)),
+				now.Sub(begin).Seconds(), cfg.Duration, measure.SI(float64(ids-lastIDs)/dt), measure.SI(cfg.Rate), measure.SI(float64(ids)),
 				st.Refills-s0.Refills, st.Stalls-s0.Stalls, float64(c.Writes()-lastWrites)/dt)
 			lastIDs, last, lastWrites = ids, now, c.Writes()
 		}

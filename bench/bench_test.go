@@ -15,8 +15,7 @@ import (
 	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/internal/server/region/regiontest"
-	"github.com/idrange/idrange/internal/testing/idcheck"
-	"github.com/idrange/idrange/internal/testing/report/reporttest"
+	"github.com/idrange/idrange/internal/testing/measure"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -69,7 +68,10 @@ func TestSmallFleet(t *testing.T) {
 	if err := rep.Err(); err != nil {
 		t.Fatalf("report error: %v", err)
 	}
-	back := reporttest.RoundTrip[Report](t, rep.WriteJSON)
+	back, err := measure.RoundTrip[Report](rep.WriteJSON)
+	if err != nil {
+		t.Fatal(err)
+	}
 	owed := int64(cfg.Rate * cfg.Duration.Seconds())
 	switch {
 	case back.IDs != back.Verify.Checked:
@@ -118,7 +120,7 @@ func runWithSink(t *testing.T, d time.Duration, sink func(region, worker int, id
 }
 
 // The Sink hook plants one duplicate in one worker's stream: the run must
-// report it and fail with ErrVerify / idcheck.ErrDuplicate.
+// report it and fail with ErrVerify / measure.ErrDuplicate.
 func TestPlantedDuplicateFailsTheRun(t *testing.T) {
 	var once sync.Once
 	rep := runWithSink(t, 500*time.Millisecond, func(region, worker int, ids []snowflake.ID) []snowflake.ID {
@@ -131,8 +133,8 @@ func TestPlantedDuplicateFailsTheRun(t *testing.T) {
 		t.Fatalf("verify %+v, want exactly one duplicate", rep.Verify)
 	}
 	err := rep.Err()
-	if !errors.Is(err, ErrVerify) || !errors.Is(err, idcheck.ErrDuplicate) {
-		t.Fatalf("Err = %v, want ErrVerify and idcheck.ErrDuplicate", err)
+	if !errors.Is(err, ErrVerify) || !errors.Is(err, measure.ErrDuplicate) {
+		t.Fatalf("Err = %v, want ErrVerify and measure.ErrDuplicate", err)
 	}
 	var md bytes.Buffer
 	rep.WriteMarkdown(&md)
@@ -163,7 +165,7 @@ func TestOutOfRangeIDFailsTheRun(t *testing.T) {
 				}
 				return ids
 			})
-			if err := rep.Err(); !errors.Is(err, idcheck.ErrOutOfRange) || rep.Verify.OutOfRange != 1 {
+			if err := rep.Err(); !errors.Is(err, measure.ErrOutOfRange) || rep.Verify.OutOfRange != 1 {
 				t.Fatalf("Err = %v, out of range %d; want ErrOutOfRange, 1", err, rep.Verify.OutOfRange)
 			}
 		})

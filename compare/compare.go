@@ -27,7 +27,7 @@
 // counted by a client interceptor, etcd writes by a counter on the service's
 // store (successful grants, acquisitions and releases), and every 64-bit ID
 // (up to Config.VerifyMax per strategy) is checked unique and in range with
-// internal/testing/idcheck (a peer's IDs for uniqueness, and their timestamps, as
+// internal/testing/measure (a peer's IDs for uniqueness, and their timestamps, as
 // the library decodes them, for range).
 //
 // The figures include the harness: two clock readings and a histogram
@@ -47,10 +47,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/idrange/idrange/internal/testing/hdr"
-	"github.com/idrange/idrange/internal/testing/idcheck"
-	"github.com/idrange/idrange/internal/testing/machine"
-	"github.com/idrange/idrange/internal/testing/report"
+	"github.com/idrange/idrange/internal/testing/measure"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -171,14 +168,14 @@ func (c Config) Validate() error {
 
 // Report is the outcome of a Run.
 type Report struct {
-	Machine    machine.Info `json:"machine"`
-	Started    time.Time    `json:"started"`
-	Duration   Dur          `json:"duration_per_strategy"`
-	IDsCap     int64        `json:"ids_per_phase_cap,omitempty"`
-	Goroutines int          `json:"goroutines"`
-	BatchMin   int          `json:"batch_min"`
-	BatchMax   int          `json:"batch_max"`
-	Results    []Result     `json:"results"`
+	Machine    measure.Machine `json:"machine"`
+	Started    time.Time       `json:"started"`
+	Duration   Dur             `json:"duration_per_strategy"`
+	IDsCap     int64           `json:"ids_per_phase_cap,omitempty"`
+	Goroutines int             `json:"goroutines"`
+	BatchMin   int             `json:"batch_min"`
+	BatchMax   int             `json:"batch_max"`
+	Results    []Result        `json:"results"`
 }
 
 // Result is one strategy's figures.
@@ -215,14 +212,14 @@ type Verify struct {
 
 // Phase is one run of the workload at a fixed goroutine count.
 type Phase struct {
-	Goroutines int         `json:"goroutines"`
-	IDs        int64       `json:"ids"`
-	Calls      int64       `json:"calls"`
-	Elapsed    Dur         `json:"elapsed"`
-	IDsPerSec  float64     `json:"ids_per_sec"`
-	Latency    hdr.Summary `json:"latency_per_call"`
-	RPCs       uint64      `json:"rpcs"`
-	EtcdWrites uint64      `json:"etcd_writes"`
+	Goroutines int             `json:"goroutines"`
+	IDs        int64           `json:"ids"`
+	Calls      int64           `json:"calls"`
+	Elapsed    Dur             `json:"elapsed"`
+	IDsPerSec  float64         `json:"ids_per_sec"`
+	Latency    measure.Summary `json:"latency_per_call"`
+	RPCs       uint64          `json:"rpcs"`
+	EtcdWrites uint64          `json:"etcd_writes"`
 	// OrderViolations counts IDs not greater than the previous ID the same
 	// goroutine received (a time-ordered strategy has none).
 	OrderViolations int64 `json:"order_violations"`
@@ -236,8 +233,8 @@ type Phase struct {
 	Waits uint64 `json:"waits"`
 }
 
-// Dur is a time.Duration that marshals as text ("1.5s"); see report.Dur.
-type Dur = report.Dur
+// Dur is a time.Duration that marshals as text ("1.5s"); see measure.Dur.
+type Dur = measure.Dur
 
 // Err is nil when every strategy ran and verified; otherwise it names the
 // first that did not (wrapping ErrVerify for a failed check).
@@ -274,7 +271,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	cfg = cfg.withDefaults()
 	rep := &Report{
-		Machine:    machine.Current(),
+		Machine:    measure.CurrentMachine(),
 		Started:    time.Now().UTC(),
 		Duration:   Dur(cfg.Duration),
 		IDsCap:     cfg.IDs,
@@ -383,7 +380,7 @@ func (b *batchSizes) next() int { return b.min + b.r.IntN(b.spn) }
 
 // goroutineResult is what one goroutine of a phase measured.
 type goroutineResult struct {
-	hist            hdr.Histogram
+	hist            measure.Histogram
 	ids, calls      int64
 	order           int64
 	maxLead, maxLag int64
@@ -431,7 +428,7 @@ func runPhase(ctx context.Context, cfg Config, inst Instance, g int, d time.Dura
 		<-done
 	}
 	ph.Elapsed = Dur(time.Since(start))
-	var hist hdr.Histogram
+	var hist measure.Histogram
 	var firstErr error
 	for _, r := range results {
 		hist.Merge(&r.hist)
@@ -523,7 +520,7 @@ func (r *goroutineResult) note(ms, t0Ms, nowMs int64) {
 // layout, uniqueness and the sign bit there and the timestamp's range
 // here, through TimeDecoder), UUIDs by sorting.
 type verifier struct {
-	ids        *idcheck.Checker
+	ids        *measure.Checker
 	uuids      uuidSet
 	timestamp  func(int64) time.Time // nil: snowflake's layout
 	lo, hi     time.Time             // allowed creation times
@@ -537,11 +534,11 @@ func newVerifier(s Strategy) *verifier {
 	if d, ok := s.(TimeDecoder); ok {
 		v.timestamp = d.IDTime
 	}
-	cfg := idcheck.Config{NotBefore: v.lo, NotAfter: v.hi}
+	cfg := measure.CheckConfig{NotBefore: v.lo, NotAfter: v.hi}
 	if v.timestamp != nil {
-		cfg = idcheck.Config{} // another layout: idcheck's field checks do not apply
+		cfg = measure.CheckConfig{} // another layout: the checker's field checks do not apply
 	}
-	v.ids, _ = idcheck.New(cfg)
+	v.ids, _ = measure.NewChecker(cfg)
 	return v
 }
 

@@ -14,7 +14,7 @@ import (
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/region/regiontest"
 	"github.com/idrange/idrange/internal/server/service"
-	"github.com/idrange/idrange/internal/testing/report/reporttest"
+	"github.com/idrange/idrange/internal/testing/measure"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -51,7 +51,10 @@ func TestRunAllStrategies(t *testing.T) {
 		t.Fatalf("report error: %v", err)
 	}
 
-	back := reporttest.RoundTrip[Report](t, rep.WriteJSON)
+	back, err := measure.RoundTrip[Report](rep.WriteJSON)
+	if err != nil {
+		t.Fatal(err)
+	}
 	want := []string{LocalName, BwmarrinName, SonyflakeName, BufferedName, PerIDRPCName, SegmentPerCallName, UUIDv7Name}
 	if len(back.Results) != len(want) {
 		t.Fatalf("%d results, want %d", len(back.Results), len(want))

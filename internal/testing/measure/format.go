@@ -1,14 +1,13 @@
-// Package report is how idrange's measuring commands (compare, bench) put
-// figures on paper, so the same figure reads the same in every table: a
-// duration in JSON as time.Duration's text ("1.5s"), a latency with three
-// significant digits and its unit, a rate or a count with an SI suffix
-// ("2.05M"), and a report as indented JSON.
-//
-// It formats, never measures: the figures come from the callers' own
-// histograms and counters.
-package report
+// Formatting: how the measuring commands (compare, bench) put figures on
+// paper, so the same figure reads the same in every table: a duration in
+// JSON as time.Duration's text ("1.5s"), a latency with three significant
+// digits and its unit, a rate or a count with an SI suffix ("2.05M"), and a
+// report as indented JSON. It formats, never measures.
+
+package measure
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -61,4 +60,22 @@ func WriteJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// RoundTrip writes a report with writeJSON (its WriteJSON method) and
+// decodes the output into a new T. The tests of bench and compare use it:
+// the JSON is the form other tools consume, so a field that marshals but
+// does not parse back (a duration as nanoseconds here, as text there) must
+// fail a test. It returns an error rather than taking a testing.TB so that
+// this package, linked into rangesvc-bench, does not import testing.
+func RoundTrip[T any](writeJSON func(io.Writer) error) (T, error) {
+	var back T
+	var buf bytes.Buffer
+	if err := writeJSON(&buf); err != nil {
+		return back, err
+	}
+	if err := json.Unmarshal(buf.Bytes(), &back); err != nil {
+		return back, fmt.Errorf("JSON does not decode: %w\n%s", err, buf.String())
+	}
+	return back, nil
 }
