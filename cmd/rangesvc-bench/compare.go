@@ -10,10 +10,10 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/idrange/idrange/compare"
 	"github.com/idrange/idrange/internal/server/cli"
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/service"
+	"github.com/idrange/idrange/internal/testing/comparerun"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 )
@@ -45,12 +45,12 @@ flags:`
 func runCompare(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newReportFlags("compare", compareUsage, stderr)
 	var (
-		duration   = fs.Duration("duration", compare.DefaultDuration, "time per strategy (half at 1 goroutine, half at --goroutines)")
+		duration   = fs.Duration("duration", comparerun.DefaultDuration, "time per strategy (half at 1 goroutine, half at --goroutines)")
 		ids        = fs.Int64("ids", 0, "also stop each phase after this many IDs (0: duration only)")
-		goroutines = fs.Int("goroutines", compare.DefaultGoroutines, "goroutines of the concurrent phase")
-		batch      = fs.String("batch", fmt.Sprintf("%d-%d", compare.DefaultBatchMin, compare.DefaultBatchMax), "IDs per call: N or MIN-MAX (uniform)")
+		goroutines = fs.Int("goroutines", comparerun.DefaultGoroutines, "goroutines of the concurrent phase")
+		batch      = fs.String("batch", fmt.Sprintf("%d-%d", comparerun.DefaultBatchMin, comparerun.DefaultBatchMax), "IDs per call: N or MIN-MAX (uniform)")
 		strategies = fs.String("strategies", strings.Join(defaultStrategyNames(), ","), "comma-separated strategies to run, in order")
-		verifyMax  = fs.Int("verify-max", compare.DefaultVerifyMax, "IDs kept per strategy for the uniqueness check")
+		verifyMax  = fs.Int("verify-max", comparerun.DefaultVerifyMax, "IDs kept per strategy for the uniqueness check")
 		seed       = fs.Uint64("seed", 1, "seed of the batch-size sequence")
 	)
 	if err := fs.parse(args); err != nil {
@@ -72,11 +72,11 @@ func runCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return cli.UsageError{Err: err}
 	}
-	strats, err := compare.ByName(cli.SplitList(*strategies))
+	strats, err := comparerun.ByName(cli.SplitList(*strategies))
 	if err != nil {
 		return cli.UsageError{Err: err}
 	}
-	cfg := compare.Config{
+	cfg := comparerun.Config{
 		Strategies: strats,
 		Duration:   *duration,
 		IDs:        *ids,
@@ -108,7 +108,7 @@ func runCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fmt.Fprintf(stderr, "compare: region ready at %s in %v\n", r.Addr(), time.Since(start).Round(time.Millisecond))
 		cfg.Region = r
 	}
-	rep, err := compare.Run(ctx, cfg)
+	rep, err := comparerun.Run(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -120,13 +120,13 @@ func runCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 func defaultStrategyNames() []string {
 	var out []string
-	for _, s := range compare.Default() {
+	for _, s := range comparerun.Default() {
 		out = append(out, s.Info().Name)
 	}
 	return out
 }
 
-// regionPlaceholder satisfies compare.Region so flags can be validated
+// regionPlaceholder satisfies comparerun.Region so flags can be validated
 // before etcd is started; it is never used to run.
 type regionPlaceholder struct{}
 

@@ -1,6 +1,7 @@
-// Package compare runs one workload through each way of minting IDs, in one
-// process and one run, and reports them side by side: what each costs per
-// ID, in time, network calls and etcd writes, and what it guarantees.
+// Package comparerun is the engine of compare: it runs one workload through
+// each way of minting IDs, in one process and one run, and reports them
+// side by side: what each costs per ID, in time, network calls and etcd
+// writes, and what it guarantees.
 //
 // The strategies (see Default):
 //
@@ -34,7 +35,7 @@
 // record per call (about 50 ns on a current core), which dominates the local
 // strategies' cost per call. Ratios are against local minting at the same
 // goroutine count.
-package compare
+package comparerun
 
 import (
 	"context"

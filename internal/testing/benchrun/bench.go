@@ -1,8 +1,8 @@
-// Package bench is idrange's fleet load generator: R regions × W workers,
-// each worker a rangeclient.Client in this process talking over loopback
-// gRPC to its region's range service, paced to a target aggregate rate,
-// with a burst profile, per-ID latency, refills, stalls, etcd writes, and a
-// uniqueness and range check of every ID minted.
+// Package benchrun is the engine of bench, idrange's fleet load generator:
+// R regions × W workers, each worker a rangeclient.Client in this process
+// talking over loopback gRPC to its region's range service, paced to a
+// target aggregate rate, with a burst profile, per-ID latency, refills,
+// stalls, etcd writes, and a uniqueness and range check of every ID minted.
 //
 // Layout: one in-process region (store.Store + service + gRPC server on
 // 127.0.0.1) per region code; by default all regions share one embedded
@@ -33,7 +33,7 @@
 // is non-nil on any failure. Workers that minted nothing (starved by an
 // overloaded store) are listed, but are a liveness problem, not a
 // uniqueness one.
-package bench
+package benchrun
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package compare
+package comparerun
 
 import (
 	"context"
