@@ -6,16 +6,11 @@ import (
 	"io"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/internal/server/cli"
-	"github.com/idrange/idrange/internal/server/region"
-	"github.com/idrange/idrange/internal/server/service"
 	"github.com/idrange/idrange/internal/testing/comparerun"
-	"github.com/idrange/idrange/rangeclient"
-	"github.com/idrange/idrange/segment"
 )
 
 const compareUsage = `usage: rangesvc compare [flags]
@@ -87,28 +82,10 @@ func runCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		Seed:       *seed,
 		Progress:   stderr,
 	}
-	needRegion := false
-	for _, s := range strats {
-		needRegion = needRegion || s.Info().NeedsRegion
-	}
-	if needRegion {
-		cfg.Region = &regionPlaceholder{} // for validation only
-	}
 	if err := cfg.Validate(); err != nil {
 		return cli.UsageError{Err: err}
 	}
-	if needRegion {
-		fmt.Fprintln(stderr, "compare: starting an in-process region 0 (embedded etcd with fsync, rangesvc on 127.0.0.1)")
-		start := time.Now()
-		r, err := region.Start(ctx, region.Config{Region: 0, NextMinter: nextMinter})
-		if err != nil {
-			return errors.Wrap(err, "start the in-process region")
-		}
-		defer r.Close()
-		fmt.Fprintf(stderr, "compare: region ready at %s in %v\n", r.Addr(), time.Since(start).Round(time.Millisecond))
-		cfg.Region = r
-	}
-	rep, err := comparerun.Run(ctx, cfg)
+	rep, err := comparerun.RunWithRegion(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -124,17 +101,6 @@ func defaultStrategyNames() []string {
 		out = append(out, s.Info().Name)
 	}
 	return out
-}
-
-// regionPlaceholder satisfies comparerun.Region so flags can be validated
-// before etcd is started; it is never used to run.
-type regionPlaceholder struct{}
-
-func (*regionPlaceholder) RegionID() int      { return 0 }
-func (*regionPlaceholder) Addr() string       { return "" }
-func (*regionPlaceholder) EtcdWrites() uint64 { return 0 }
-func (*regionPlaceholder) EnableNext(context.Context) (func() error, error) {
-	return nil, errors.New("placeholder region")
 }
 
 // parseBatch reads "N" or "MIN-MAX".
@@ -154,10 +120,4 @@ func parseBatch(s string) (int, int, error) {
 		return 0, 0, errors.Newf("--batch %q: need 1 <= MIN <= MAX <= 4096", s)
 	}
 	return a, b, nil
-}
-
-// nextMinter serves the region's Next RPC as rangesvc serve does: a
-// rangeclient over the region's own store.
-func nextMinter(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error) {
-	return rangeclient.New(ctx, rangeclient.Config{Allocator: a, Region: region, Owner: "rangesvc/next-rpc"})
 }

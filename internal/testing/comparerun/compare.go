@@ -86,8 +86,8 @@ type Region interface {
 type Config struct {
 	// Strategies to run, in order. Default: Default().
 	Strategies []Strategy
-	// Region serves the network strategies. Required if any strategy has
-	// Info.NeedsRegion.
+	// Region serves the network strategies. Run requires it if any
+	// strategy has Info.NeedsRegion; RunWithRegion starts one if needed.
 	Region Region
 	// Duration bounds each strategy: half for the 1-goroutine phase, half
 	// for the N-goroutine phase. Default 2 s.
@@ -136,7 +136,8 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Validate reports the first bad field (after defaults).
+// Validate reports the first bad field (after defaults). A missing Region
+// is not one: Run refuses it, RunWithRegion starts one.
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	switch {
@@ -160,11 +161,19 @@ func (c Config) Validate() error {
 			return errors.Newf("compare: strategy %d has an empty or repeated name %q", i, info.Name)
 		}
 		seen[info.Name] = true
-		if info.NeedsRegion && c.Region == nil {
-			return errors.Newf("compare: strategy %q needs Config.Region", info.Name)
-		}
 	}
 	return nil
+}
+
+// needsRegion is the first strategy of c that talks to the range service,
+// or "" when none does.
+func (c Config) needsRegion() string {
+	for _, s := range c.withDefaults().Strategies {
+		if info := s.Info(); info.NeedsRegion {
+			return info.Name
+		}
+	}
+	return ""
 }
 
 // Report is the outcome of a Run.
@@ -269,6 +278,9 @@ func (r *Report) Result(name string) *Result {
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if name := cfg.needsRegion(); name != "" && cfg.Region == nil {
+		return nil, errors.Newf("compare: strategy %q needs Config.Region", name)
 	}
 	cfg = cfg.withDefaults()
 	rep := &Report{

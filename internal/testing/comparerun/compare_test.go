@@ -13,10 +13,8 @@ import (
 
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/region/regiontest"
-	"github.com/idrange/idrange/internal/server/service"
 	"github.com/idrange/idrange/internal/testing/measure"
 	"github.com/idrange/idrange/rangeclient"
-	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -26,12 +24,6 @@ var sharedRegion = regiontest.Shared[*region.Region]{What: "region",
 	Start: func(ctx context.Context) (*region.Region, error) {
 		return region.Start(ctx, region.Config{Region: 1, NextMinter: nextMinter})
 	}}
-
-// nextMinter serves the Next RPC as rangesvc does: a rangeclient over the
-// region's own store.
-func nextMinter(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error) {
-	return rangeclient.New(ctx, rangeclient.Config{Allocator: a, Region: region, Owner: "rangesvc/next-rpc"})
-}
 
 func TestMain(m *testing.M) { os.Exit(sharedRegion.Main(m)) }
 
