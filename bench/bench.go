@@ -62,6 +62,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		Rate:     cfg.Rate,
 		Duration: cfg.Duration,
 		Progress: cfg.Progress,
+		// The burst docs/design.md budgets, as rangesvc bench runs it.
+		BurstSize: benchrun.DefaultBurstSize,
 	})
 	if err != nil {
 		return nil, err

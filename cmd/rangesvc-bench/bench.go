@@ -107,25 +107,16 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		Tick:              *tick,
 		BurstSize:         *burst,
 		BurstEvery:        *burstEvery,
-		NoBurst:           *burst == 0,
 		EtcdPerRegion:     *etcdPerRegion,
 		CPUHog:            *cpuHog,
 		SetupTimeout:      *setupTimeout,
 		Progress:          stderr,
-		Client:            rangeclient.Config{RefillInterval: *refill},
+		RefillInterval:    *refill,
 		FixedBlock:        *fixedBlock,
 		PrefetchThreshold: *prefetch,
 		RPCTimeout:        *rpcTimeout,
 	}
-	if cfg.NoBurst {
-		cfg.BurstSize = 1 // unused; keeps validation simple
-	}
 	if err := cfg.Validate(); err != nil {
-		return cli.UsageError{Err: err}
-	}
-	tuned := clienttune.With(cfg.Client, clienttune.Tuning{FixedBlock: cfg.FixedBlock,
-		PrefetchThreshold: cfg.PrefetchThreshold, RPCTimeout: cfg.RPCTimeout})
-	if err := tuned.Validate(); err != nil && !isOnlyTargetError(tuned) {
 		return cli.UsageError{Err: err}
 	}
 	if *sweep {
@@ -176,14 +167,6 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(stderr, "bench: WARNING: %v (the IDs minted verified; --fail-on-errors makes this exit 1)\n", err)
 	}
 	return nil
-}
-
-// isOnlyTargetError: the base client config has no Targets yet (bench
-// fills them in per worker), so "Targets or Allocator required" is expected;
-// any other field error is the user's.
-func isOnlyTargetError(c rangeclient.Config) bool {
-	c.Targets = []string{"127.0.0.1:1"}
-	return c.Validate() == nil
 }
 
 func parseInts(s string) ([]int, error) {

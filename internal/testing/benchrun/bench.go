@@ -18,7 +18,7 @@
 // whether the machine kept up with the schedule.
 //
 // Burst: one worker (the first of region 0) additionally asks for
-// Config.BurstSize IDs (default 3,000) back to back every BurstEvery; the
+// Config.BurstSize IDs (3,000 in rangesvc bench) back to back every BurstEvery; the
 // report says how long each burst took against the 1 ms budget of docs/design.md.
 //
 // CPU hog: Config.CPUHog > 0 keeps that many cores busy in a child process
@@ -134,7 +134,7 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	workers[0].burst = !cfg.NoBurst
+	workers[0].burst = cfg.BurstSize > 0
 	base := takeBaseline(env, workers)
 	rep.runPaced(ctx, cfg, env, workers, checker, begin, cpu0, base)
 	if h != nil {

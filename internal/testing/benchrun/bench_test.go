@@ -110,7 +110,7 @@ func runWithSink(t *testing.T, d time.Duration, sink func(region, worker int, id
 	env := sharedEnv.Get(t)
 	cfg := smallConfig()
 	cfg.Duration = d
-	cfg.NoBurst = true
+	cfg.BurstSize = 0
 	cfg.Sink = sink
 	rep, err := RunOn(context.Background(), env, cfg)
 	if err != nil {
@@ -180,7 +180,7 @@ func TestSweepWritesChart(t *testing.T) {
 	env := sharedEnv.Get(t)
 	cfg := smallConfig()
 	cfg.Duration = 600 * time.Millisecond
-	cfg.NoBurst = true
+	cfg.BurstSize = 0
 	sr := &SweepReport{}
 	for _, b := range []int{409600, 4096000} {
 		pc := cfg

@@ -9,7 +9,6 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/idrange/idrange/internal/testing/clienttune"
 	"github.com/idrange/idrange/internal/testing/measure"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/snowflake"
@@ -52,14 +51,7 @@ func startClients(ctx context.Context, env *Env, cfg Config) ([]*worker, int64, 
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			cc := clienttune.With(cfg.Client, clienttune.Tuning{FixedBlock: cfg.FixedBlock,
-				PrefetchThreshold: cfg.PrefetchThreshold, RPCTimeout: cfg.RPCTimeout})
-			cc.Targets = []string{reg.Addr()}
-			cc.Region = reg.RegionID()
-			cc.Owner = fmt.Sprintf("bench/r%d/%d", reg.RegionID(), i%cfg.Workers)
-			if cc.Logger == nil {
-				cc.Logger = cfg.Logger
-			}
+			cc := cfg.clientConfig(reg.Addr(), reg.RegionID(), i%cfg.Workers)
 			var (
 				c   *rangeclient.Client
 				err error

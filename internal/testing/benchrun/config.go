@@ -1,18 +1,21 @@
 package benchrun
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"time"
 
 	"github.com/cockroachdb/errors"
-	"github.com/idrange/idrange/internal/server/store"
 
+	"github.com/idrange/idrange/internal/testing/clienttune"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/snowflake"
 )
 
-// Config configures a Run. Zero fields take the defaults above.
+// Config configures a Run. Zero fields take the defaults above, except
+// BurstSize and CPUHog, where 0 means none. Every field that rangesvc bench
+// sets is one of its flags.
 type Config struct {
 	// Regions (1..4) and Workers per region (1..256).
 	Regions, Workers int
@@ -20,24 +23,22 @@ type Config struct {
 	Rate float64
 	// Duration of the paced run. Default 10 s.
 	Duration time.Duration
-	// Tick is each worker's pacing interval. Default 10 ms.
+	// Tick is each worker's pacing interval. Default 50 ms.
 	Tick time.Duration
 	// BurstSize IDs are asked for back to back by one worker every
-	// BurstEvery. Default 3,000 every 1 s; NoBurst disables the profile.
+	// BurstEvery (default 1 s); 0: no burst profile. DefaultBurstSize is
+	// the burst docs/design.md budgets.
 	BurstSize  int
 	BurstEvery time.Duration
-	NoBurst    bool
-	// Client is the base rangeclient configuration (RefillInterval,
-	// MaxReserve, ...); Targets, Region and Owner are set per worker.
-	Client rangeclient.Config
+	// RefillInterval is the workers' rangeclient RefillInterval, the span
+	// an adaptive block aims at (0: rangeclient's default).
+	RefillInterval time.Duration
 	// FixedBlock, PrefetchThreshold and RPCTimeout are the workers'
 	// rangeclient tuning (0: rangeclient's defaults). FixedBlock > 0 pins
 	// every block to that many units (Sweep varies it).
 	FixedBlock        int
 	PrefetchThreshold float64
 	RPCTimeout        time.Duration
-	// Store tunes each region's store.Store.
-	Store store.Config
 	// EtcdPerRegion gives each region its own embedded etcd instead of one
 	// shared by all.
 	EtcdPerRegion bool
@@ -48,8 +49,7 @@ type Config struct {
 	// process (etcd, services, clients, workers) as another program would,
 	// and its CPU is not counted in Report.CPUCores.
 	CPUHog int
-	// Logger, if set, receives the regions' and (unless Client.Logger is
-	// set) the clients' logs.
+	// Logger, if set, receives the regions' and the clients' logs.
 	Logger *slog.Logger
 	// SetupTimeout bounds the start of all clients. Default 2 min.
 	SetupTimeout time.Duration
@@ -79,9 +79,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Tick == 0 {
 		c.Tick = DefaultTick
-	}
-	if c.BurstSize == 0 {
-		c.BurstSize = DefaultBurstSize
 	}
 	if c.BurstEvery == 0 {
 		c.BurstEvery = DefaultBurstEvery
@@ -115,8 +112,8 @@ func (c Config) Validate() error {
 		return errors.Newf("bench: Duration %v not in 100ms..24h", c.Duration)
 	case c.Tick < time.Millisecond || c.Tick > c.Duration:
 		return errors.Newf("bench: Tick %v not in 1ms..Duration", c.Tick)
-	case c.BurstSize < 1 || c.BurstSize > 1<<20:
-		return errors.Newf("bench: BurstSize %d not in 1..%d", c.BurstSize, 1<<20)
+	case c.BurstSize < 0 || c.BurstSize > 1<<20:
+		return errors.Newf("bench: BurstSize %d not in 0..%d", c.BurstSize, 1<<20)
 	case c.BurstEvery < time.Millisecond:
 		return errors.Newf("bench: BurstEvery %v below 1ms", c.BurstEvery)
 	case c.SetupConcurrency < 1:
@@ -125,10 +122,21 @@ func (c Config) Validate() error {
 		return errors.Newf("bench: CPUHog %d not in 0..%d cores", c.CPUHog, MaxCPUHog())
 	case c.ProgressEvery < 10*time.Millisecond:
 		return errors.Newf("bench: ProgressEvery %v below 10ms", c.ProgressEvery)
-	case len(c.Client.Targets) > 0 || c.Client.Allocator != nil:
-		return errors.New("bench: Config.Client must not set Targets or Allocator (bench connects each worker itself)")
 	}
-	return nil
+	// The workers' client settings (refill interval, tuning) are checked
+	// where rangeclient checks them, for a worker of region 0.
+	return c.clientConfig("127.0.0.1:1", 0, 0).Validate()
+}
+
+// clientConfig is the rangeclient configuration of worker index of the
+// region with code region, served at addr.
+func (c Config) clientConfig(addr string, region, index int) rangeclient.Config {
+	cc := clienttune.With(rangeclient.Config{RefillInterval: c.RefillInterval, Logger: c.Logger},
+		clienttune.Tuning{FixedBlock: c.FixedBlock, PrefetchThreshold: c.PrefetchThreshold, RPCTimeout: c.RPCTimeout})
+	cc.Targets = []string{addr}
+	cc.Region = region
+	cc.Owner = fmt.Sprintf("bench/r%d/%d", region, index)
+	return cc
 }
 
 func etcdLayout(cfg Config) string {

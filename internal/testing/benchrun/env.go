@@ -38,7 +38,7 @@ func StartEnv(ctx context.Context, cfg Config) (*Env, error) {
 			env.etcds = append(env.etcds, e)
 			shared = e
 		}
-		reg, err := region.Start(ctx, region.Config{Region: r, Etcd: e.Server, Store: cfg.Store, Logger: cfg.Logger,
+		reg, err := region.Start(ctx, region.Config{Region: r, Etcd: e.Server, Logger: cfg.Logger,
 			SharedEtcd: !cfg.EtcdPerRegion})
 		if err != nil {
 			return nil, err

@@ -151,7 +151,7 @@ func newReport(cfg Config) *Report {
 		Fleet: Fleet{
 			Regions: cfg.Regions, Workers: cfg.Workers, TargetRate: cfg.Rate,
 			PerWorkerRate: cfg.Rate / float64(n), Duration: Dur(cfg.Duration), Tick: Dur(cfg.Tick),
-			Etcd: etcdLayout(cfg), RefillInterval: Dur(cfg.Client.RefillInterval), FixedBlock: cfg.FixedBlock,
+			Etcd: etcdLayout(cfg), RefillInterval: Dur(cfg.RefillInterval), FixedBlock: cfg.FixedBlock,
 			CPUHog: cfg.CPUHog,
 		},
 	}
@@ -186,9 +186,6 @@ func (rep *Report) sumWorkers(cfg Config, workers []*worker) {
 	}
 	rep.Latency, rep.TickLateness = lat.Summary(), late.Summary()
 	rep.Burst.Size, rep.Burst.Latency, rep.Burst.Duration = cfg.BurstSize, bh.Summary(), bd.Summary()
-	if cfg.NoBurst {
-		rep.Burst.Size = 0
-	}
 	rep.AchievedRate = float64(inWindow) / cfg.Duration.Seconds()
 	rep.TotalRate = float64(rep.IDs) / time.Duration(rep.Elapsed).Seconds()
 	rep.TargetReached = rep.AchievedRate >= 0.99*cfg.Rate

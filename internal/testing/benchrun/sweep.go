@@ -69,10 +69,7 @@ func Sweep(ctx context.Context, cfg Config, blocks []int) (*SweepReport, error) 
 	if len(blocks) == 0 {
 		blocks = DefaultSweepBlocks
 	}
-	maxBlock := segment.DefaultMaxBlock
-	if cfg.Store.Policy.MaxBlock > 0 {
-		maxBlock = cfg.Store.Policy.MaxBlock
-	}
+	maxBlock := segment.DefaultMaxBlock // the regions run the default policy
 	for _, b := range blocks {
 		if b < 1 || int64(b) > maxBlock {
 			return nil, errors.Newf("bench: sweep block %d not in 1..%d", b, maxBlock)

@@ -21,10 +21,7 @@ func newChecker(env *Env, cfg Config, begin time.Time) (*measure.Checker, error)
 		regionCodes[i] = env.regions[i].RegionID()
 	}
 	expect := measure.Codes(regionCodes, snowflake.MaxWorker+1)
-	leadSlack := segment.DefaultMaxLead
-	if cfg.Store.Policy.MaxLead > 0 {
-		leadSlack = cfg.Store.Policy.MaxLead
-	}
+	leadSlack := segment.DefaultMaxLead // the regions run the default policy
 	return measure.NewChecker(measure.CheckConfig{
 		Expect:    expect, // a worker that minted nothing is reported (Verify.MissingCodes), not a failure
 		NotBefore: begin.Add(-time.Second),
