@@ -18,9 +18,8 @@ import (
 	"io"
 	"time"
 
-	"github.com/cockroachdb/errors"
-
 	"github.com/idrange/idrange/internal/testing/benchrun"
+	"github.com/idrange/idrange/internal/testing/measure"
 )
 
 // ErrVerify marks a run whose IDs failed the check (a duplicate, an ID out
@@ -49,7 +48,7 @@ type Report struct {
 	AchievedRate  float64 `json:"achieved_rate"`
 	TargetReached bool    `json:"target_reached"`
 
-	full *benchrun.Report
+	full measure.Printer // the full report; nil in one decoded from JSON
 }
 
 // Run starts the regions and the fleet, runs it once, checks every ID and
@@ -71,31 +70,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return &Report{IDs: full.IDs, AchievedRate: full.AchievedRate, TargetReached: full.TargetReached, full: full}, nil
 }
 
-// errNoDetail is what the methods of a Report that did not come from Run
-// (one decoded from JSON, say) return: it has the headline fields only.
-var errNoDetail = errors.New("bench: this report did not come from Run: it has no figures beyond its fields")
-
 // Err is nil when every ID verified and no Next call failed; otherwise it
 // wraps ErrVerify or describes the failed calls.
-func (r *Report) Err() error {
-	if r.full == nil {
-		return errNoDetail
-	}
-	return r.full.Err()
-}
+func (r *Report) Err() error { return measure.Or(r.full, "bench").Err() }
 
 // WriteJSON writes the full report as indented JSON.
-func (r *Report) WriteJSON(w io.Writer) error {
-	if r.full == nil {
-		return errNoDetail
-	}
-	return r.full.WriteJSON(w)
-}
+func (r *Report) WriteJSON(w io.Writer) error { return measure.Or(r.full, "bench").WriteJSON(w) }
 
 // WriteMarkdown writes the full report as a Markdown table.
 func (r *Report) WriteMarkdown(w io.Writer) error {
-	if r.full == nil {
-		return errNoDetail
-	}
-	return r.full.WriteMarkdown(w)
+	return measure.Or(r.full, "bench").WriteMarkdown(w)
 }

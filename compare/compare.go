@@ -23,9 +23,8 @@ import (
 	"io"
 	"time"
 
-	"github.com/cockroachdb/errors"
-
 	"github.com/idrange/idrange/internal/testing/comparerun"
+	"github.com/idrange/idrange/internal/testing/measure"
 )
 
 // ErrVerify marks a run in which some strategy produced a duplicate or an
@@ -56,7 +55,7 @@ type Report struct {
 	// Results are the strategies' in the order run.
 	Results []Result `json:"results"`
 
-	full *comparerun.Report
+	full measure.Printer // the full report; nil in one decoded from JSON
 }
 
 // Result is one strategy's headline figures.
@@ -103,33 +102,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return rep, nil
 }
 
-// errNoDetail is what the methods of a Report that did not come from Run
-// (one decoded from JSON, say) return: it has the headline fields only.
-var errNoDetail = errors.New("compare: this report did not come from Run: it has no figures beyond its fields")
-
 // Err is nil when every strategy ran and verified; otherwise it names the
 // first that did not (wrapping ErrVerify for a failed check).
-func (r *Report) Err() error {
-	if r.full == nil {
-		return errNoDetail
-	}
-	return r.full.Err()
-}
+func (r *Report) Err() error { return measure.Or(r.full, "compare").Err() }
 
 // WriteJSON writes the full report as indented JSON.
-func (r *Report) WriteJSON(w io.Writer) error {
-	if r.full == nil {
-		return errNoDetail
-	}
-	return r.full.WriteJSON(w)
-}
+func (r *Report) WriteJSON(w io.Writer) error { return measure.Or(r.full, "compare").WriteJSON(w) }
 
 // WriteMarkdown writes the full report as Markdown: throughput and latency
 // per strategy and goroutine count, costs and properties, the headline
 // ratios.
 func (r *Report) WriteMarkdown(w io.Writer) error {
-	if r.full == nil {
-		return errNoDetail
-	}
-	return r.full.WriteMarkdown(w)
+	return measure.Or(r.full, "compare").WriteMarkdown(w)
 }

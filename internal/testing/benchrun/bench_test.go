@@ -68,10 +68,7 @@ func TestSmallFleet(t *testing.T) {
 	if err := rep.Err(); err != nil {
 		t.Fatalf("report error: %v", err)
 	}
-	back, err := measure.RoundTrip[Report](rep.WriteJSON)
-	if err != nil {
-		t.Fatal(err)
-	}
+	back := measure.RoundTrip[Report](t, rep.WriteJSON)
 	owed := int64(cfg.Rate * cfg.Duration.Seconds())
 	switch {
 	case back.IDs != back.Verify.Checked:

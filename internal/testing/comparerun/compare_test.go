@@ -43,10 +43,7 @@ func TestRunAllStrategies(t *testing.T) {
 		t.Fatalf("report error: %v", err)
 	}
 
-	back, err := measure.RoundTrip[Report](rep.WriteJSON)
-	if err != nil {
-		t.Fatal(err)
-	}
+	back := measure.RoundTrip[Report](t, rep.WriteJSON)
 	want := []string{LocalName, BwmarrinName, SonyflakeName, BufferedName, PerIDRPCName, SegmentPerCallName, UUIDv7Name}
 	if len(back.Results) != len(want) {
 		t.Fatalf("%d results, want %d", len(back.Results), len(want))

@@ -62,20 +62,51 @@ func WriteJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
+// TB is the part of testing.TB that RoundTrip uses: this package is linked
+// into rangesvc-bench, which must not link testing.
+type TB interface {
+	Helper()
+	Fatalf(format string, args ...any)
+}
+
 // RoundTrip writes a report with writeJSON (its WriteJSON method) and
-// decodes the output into a new T. The tests of bench and compare use it:
-// the JSON is the form other tools consume, so a field that marshals but
-// does not parse back (a duration as nanoseconds here, as text there) must
-// fail a test. It returns an error rather than taking a testing.TB so that
-// this package, linked into rangesvc-bench, does not import testing.
-func RoundTrip[T any](writeJSON func(io.Writer) error) (T, error) {
-	var back T
+// decodes the output into a new T, failing t if either step fails. The
+// tests of bench and compare use it: the JSON is the form other tools
+// consume, so a field that marshals but does not parse back (a duration as
+// nanoseconds here, as text there) must fail a test.
+func RoundTrip[T any](t TB, writeJSON func(io.Writer) error) T {
+	t.Helper()
 	var buf bytes.Buffer
 	if err := writeJSON(&buf); err != nil {
-		return back, err
+		t.Fatalf("WriteJSON: %v", err)
 	}
+	var back T
 	if err := json.Unmarshal(buf.Bytes(), &back); err != nil {
-		return back, fmt.Errorf("JSON does not decode: %w\n%s", err, buf.String())
+		t.Fatalf("JSON does not decode: %v\n%s", err, buf.String())
 	}
-	return back, nil
+	return back
 }
+
+// Printer is a report that says whether its run passed and prints itself:
+// the full reports of bench and compare, behind their public headline
+// reports.
+type Printer interface {
+	Err() error
+	WriteJSON(w io.Writer) error
+	WriteMarkdown(w io.Writer) error
+}
+
+// Or returns p, or, when p is nil (a headline report decoded from JSON has
+// no full report behind it), a Printer whose methods say so, naming what.
+func Or(p Printer, what string) Printer {
+	if p == nil {
+		return noDetail{fmt.Errorf("%s: this report did not come from Run: it has no figures beyond its fields", what)}
+	}
+	return p
+}
+
+type noDetail struct{ err error }
+
+func (n noDetail) Err() error                    { return n.err }
+func (n noDetail) WriteJSON(io.Writer) error     { return n.err }
+func (n noDetail) WriteMarkdown(io.Writer) error { return n.err }
