@@ -186,6 +186,38 @@ func (c *counter) Renewed(_, _ int, err error) {
 	}
 }
 
+// countingStorage counts the write Txns sent to etcd (each one raft
+// proposal; a group commit of many grants is one). It keeps the storage's
+// group commit (store.BatchStorage).
+type countingStorage struct {
+	store.BatchStorage
+	n *atomic.Uint64
+}
+
+var _ store.BatchStorage = countingStorage{}
+
+func (c countingStorage) CreateOwner(ctx context.Context, region, worker int, highWaterRev int64, value []byte, lease int64) (int64, bool, error) {
+	c.n.Add(1)
+	return c.BatchStorage.CreateOwner(ctx, region, worker, highWaterRev, value, lease)
+}
+
+func (c countingStorage) CommitHighWater(ctx context.Context, region, worker int, hc store.HighWaterCommit) (int64, bool, store.CodeView, error) {
+	c.n.Add(1)
+	return c.BatchStorage.CommitHighWater(ctx, region, worker, hc)
+}
+
+func (c countingStorage) CommitHighWaters(ctx context.Context, ops []store.GrantOp) ([]store.GrantResult, error) {
+	if len(ops) > 0 {
+		c.n.Add(1)
+	}
+	return c.BatchStorage.CommitHighWaters(ctx, ops)
+}
+
+func (c countingStorage) DeleteOwner(ctx context.Context, region, worker int, token, lease int64) (bool, store.CodeView, error) {
+	c.n.Add(1)
+	return c.BatchStorage.DeleteOwner(ctx, region, worker, token, lease)
+}
+
 // Region is one in-process replica of a region, listening on loopback. It
 // can be killed and restarted on the same address, etcd, etcd client and
 // clock, as a restarted process would be.
@@ -253,12 +285,14 @@ func (r *Region) start(addr string) error {
 		Observer:     r.count,
 		Interceptors: []grpc.UnaryServerInterceptor{r.timeRPC},
 		Logger:       r.cfg.Logger,
-		txns:         &r.txns,
+		WrapStorage: func(s store.BatchStorage) store.BatchStorage {
+			return countingStorage{s, &r.txns}
+		},
 		// An in-process region's etcd is its own: the first replica
 		// initialises the region record (as rangesvc serve does on its
 		// embedded etcd).
 		InitRegion: true,
-		sharedEtcd: r.cfg.SharedEtcd,
+		SharedEtcd: r.cfg.SharedEtcd,
 
 		TLS:               r.cfg.TLS,
 		AllowedIdentities: r.cfg.AllowedIdentities,
