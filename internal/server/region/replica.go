@@ -1,3 +1,9 @@
+// Package region builds one range-service replica. NewReplica is the one
+// construction (a store.Store over an etcd client behind the region
+// identity's guard, internal/server/service.Service, the AdminService, a
+// gRPC server with the production options) that `rangesvc serve` runs.
+// The in-process harness that wraps it for benchmarks and tests is
+// internal/testing/localregion.
 package region
 
 import (

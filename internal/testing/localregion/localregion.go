@@ -1,16 +1,16 @@
-// Package region stands up idrange range-service replicas. NewReplica is
-// the one construction of a replica (store.Store over an etcd client,
-// internal/server/service.Service, gRPC server with the production options) that
-// `rangesvc serve` runs. Start wraps it for in-process use: an embedded
-// etcd (or a shared one), a replica on 127.0.0.1:<random port>, counters of
-// what the store did and server-side RPC latency. `rangesvc compare`,
-// `rangesvc bench` and the tests use Start, so they measure and test the
-// server users run (etcd transactions with fsync, loopback gRPC) without a
-// separate process.
+// Package localregion stands up in-process range-service replicas for the
+// benchmarks and the tests. Start wraps region.NewReplica, the one
+// construction of a replica that `rangesvc serve` runs: an embedded etcd
+// (or a shared one), a replica on 127.0.0.1:<random port>, counters of what
+// the store did and server-side RPC latency. `rangesvc-bench compare`,
+// `rangesvc-bench bench` and the tests use Start, so they measure and test
+// the server users run (etcd transactions with fsync, loopback gRPC)
+// without a separate process.
 //
-// Test helpers (testing.TB wrappers) are in internal/server/region/regiontest;
-// this package does not import testing.
-package region
+// Test helpers (testing.TB wrappers) are in
+// internal/testing/localregion/regiontest; this package does not import
+// testing, so the benchmark binary can link it.
+package localregion
 
 import (
 	"context"
@@ -31,6 +31,7 @@ import (
 
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/internal/server/embedetcd"
+	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/service"
 	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/testing/hdr"
@@ -105,11 +106,11 @@ type Config struct {
 	Now func() time.Time
 	// NextMinter opens the minter EnableNext installs behind the Next RPC
 	// (a rangeclient.New over the given allocator). nil: EnableNext fails.
-	NextMinter NextFunc
+	NextMinter region.NextFunc
 	// Logger receives store and service logs; nil discards them.
 	Logger *slog.Logger
 	// TLS, AllowedIdentities and AdminIdentities are the replica's
-	// (ReplicaConfig): TLS on the gRPC port, mutual TLS with identity-bound
+	// (region.ReplicaConfig): TLS on the gRPC port, mutual TLS with identity-bound
 	// leases when TLS requires client certificates. Addr stays
 	// 127.0.0.1:port; the certificate must name 127.0.0.1 or the client
 	// must set its ServerName.
@@ -234,8 +235,8 @@ type Region struct {
 	lat   map[string]*hdr.Histogram // server-side latency per RPC method
 
 	mu        sync.Mutex
-	rep       *Replica // nil while stopped
-	last      *Replica // the current or last replica (accessors)
+	rep       *region.Replica // nil while stopped
+	last      *region.Replica // the current or last replica (accessors)
 	minter    service.MinterCloser
 	closeOnce sync.Once
 	closeErr  error
@@ -277,7 +278,7 @@ func Start(ctx context.Context, cfg Config) (*Region, error) {
 
 // start builds a fresh replica and serves it on addr.
 func (r *Region) start(addr string) error {
-	rep, err := NewReplica(ReplicaConfig{
+	rep, err := region.NewReplica(region.ReplicaConfig{
 		Region:       r.cfg.Region,
 		Etcd:         r.cli,
 		Store:        r.cfg.Store,
@@ -357,7 +358,7 @@ func (r *Region) Addr() string {
 	return r.addr
 }
 
-func (r *Region) replica() *Replica {
+func (r *Region) replica() *region.Replica {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.last
