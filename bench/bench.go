@@ -49,7 +49,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/internal/server/store"
 
-	"github.com/idrange/idrange/internal/testing/clienttune"
+	"github.com/idrange/idrange/internal/server/clienttune"
 	"github.com/idrange/idrange/internal/testing/hdr"
 	"github.com/idrange/idrange/internal/testing/idcheck"
 	"github.com/idrange/idrange/internal/testing/localregion"
