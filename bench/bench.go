@@ -49,10 +49,10 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/internal/server/store"
 
-	"github.com/idrange/idrange/internal/server/region"
-	"github.com/idrange/idrange/internal/testing/clienttune"
+	"github.com/idrange/idrange/internal/server/clienttune"
 	"github.com/idrange/idrange/internal/testing/hdr"
 	"github.com/idrange/idrange/internal/testing/idcheck"
+	"github.com/idrange/idrange/internal/testing/localregion"
 	"github.com/idrange/idrange/internal/testing/machine"
 	"github.com/idrange/idrange/internal/testing/report"
 	"github.com/idrange/idrange/rangeclient"
@@ -265,9 +265,9 @@ type Report struct {
 	// feels it, whatever the cause: refill wait, scheduling, GC).
 	SlowCalls uint64 `json:"slow_calls_over_1ms"`
 	// Store counters summed over the regions, for the paced run.
-	Store            region.Counts `json:"store"`
-	EtcdWrites       uint64        `json:"etcd_writes"`
-	EtcdWritesPerSec float64       `json:"etcd_writes_per_sec"`
+	Store            localregion.Counts `json:"store"`
+	EtcdWrites       uint64             `json:"etcd_writes"`
+	EtcdWritesPerSec float64            `json:"etcd_writes_per_sec"`
 	// ServerLatency is the services' own time per RPC method during the
 	// run (all regions), store included: where a stall came from.
 	ServerLatency map[string]hdr.Summary `json:"server_latency"`
@@ -343,8 +343,8 @@ func (r *Report) VerifyErr() error {
 
 // Env is a running set of regions, reusable across runs (the sweep).
 type Env struct {
-	etcds   []*region.Etcd
-	regions []*region.Region
+	etcds   []*localregion.Etcd
+	regions []*localregion.Region
 }
 
 // StartEnv starts cfg.Regions in-process regions on one shared etcd (or
@@ -361,18 +361,18 @@ func StartEnv(ctx context.Context, cfg Config) (*Env, error) {
 			env.Close()
 		}
 	}()
-	var shared *region.Etcd
+	var shared *localregion.Etcd
 	for r := range cfg.Regions {
 		e := shared
 		if e == nil || cfg.EtcdPerRegion {
 			var err error
-			if e, err = region.StartEtcd(ctx, ""); err != nil {
+			if e, err = localregion.StartEtcd(ctx, ""); err != nil {
 				return nil, err
 			}
 			env.etcds = append(env.etcds, e)
 			shared = e
 		}
-		reg, err := region.Start(ctx, region.Config{Region: r, Etcd: e.Server, Store: cfg.Store, Logger: cfg.Logger,
+		reg, err := localregion.Start(ctx, localregion.Config{Region: r, Etcd: e.Server, Store: cfg.Store, Logger: cfg.Logger,
 			SharedEtcd: !cfg.EtcdPerRegion})
 		if err != nil {
 			return nil, err
@@ -399,8 +399,8 @@ func (e *Env) Close() error {
 	return first
 }
 
-func (e *Env) counts() region.Counts {
-	var c region.Counts
+func (e *Env) counts() localregion.Counts {
+	var c localregion.Counts
 	for _, r := range e.regions {
 		c = c.Add(r.Counts())
 	}
@@ -595,7 +595,7 @@ func newChecker(env *Env, cfg Config, begin time.Time) (*idcheck.Checker, error)
 // baseline is what the counters read before the paced run; the report
 // counts the difference.
 type baseline struct {
-	counts  region.Counts
+	counts  localregion.Counts
 	stats   statsSum
 	latency map[string]*hdr.Histogram
 }
@@ -973,7 +973,7 @@ func sleepUntil(ctx context.Context, t time.Time) bool {
 }
 
 // progress prints a line every ProgressEvery until ctx ends.
-func progress(ctx context.Context, cfg Config, env *Env, ws []*worker, begin time.Time, c0 region.Counts, s0 statsSum) {
+func progress(ctx context.Context, cfg Config, env *Env, ws []*worker, begin time.Time, c0 localregion.Counts, s0 statsSum) {
 	t := time.NewTicker(cfg.ProgressEvery)
 	defer t.Stop()
 	var lastIDs int64

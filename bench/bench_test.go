@@ -14,8 +14,8 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/idrange/idrange/internal/server/region/regiontest"
 	"github.com/idrange/idrange/internal/testing/idcheck"
+	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
 	"github.com/idrange/idrange/internal/testing/report/reporttest"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"

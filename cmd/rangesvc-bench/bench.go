@@ -11,7 +11,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/bench"
 	"github.com/idrange/idrange/internal/server/cli"
-	"github.com/idrange/idrange/internal/testing/clienttune"
+	"github.com/idrange/idrange/internal/server/clienttune"
 	"github.com/idrange/idrange/rangeclient"
 )
 

@@ -12,8 +12,8 @@ import (
 
 	"github.com/idrange/idrange/compare"
 	"github.com/idrange/idrange/internal/server/cli"
-	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/service"
+	"github.com/idrange/idrange/internal/testing/localregion"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 )
@@ -100,7 +100,7 @@ func runCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if needRegion {
 		fmt.Fprintln(stderr, "compare: starting an in-process region 0 (embedded etcd with fsync, rangesvc on 127.0.0.1)")
 		start := time.Now()
-		r, err := region.Start(ctx, region.Config{Region: 0, NextMinter: nextMinter})
+		r, err := localregion.Start(ctx, localregion.Config{Region: 0, NextMinter: nextMinter})
 		if err != nil {
 			return errors.Wrap(err, "start the in-process region")
 		}
