@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
-	"github.com/idrange/idrange/internal/testing/clienttune"
+	"github.com/idrange/idrange/internal/server/clienttune"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -129,7 +129,7 @@ type Config struct {
 
 	// tune holds the knobs only benchmarks and tests turn (block sizes,
 	// prefetch, idleness, timeouts, renewal period, backoff): set through
-	// internal/testing/clienttune, defaults for everyone else.
+	// internal/server/clienttune, defaults for everyone else.
 	tune clienttune.Tuning
 }
 

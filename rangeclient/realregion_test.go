@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/idrange/idrange/internal/server/embedetcd/embedetcdtest"
-	"github.com/idrange/idrange/internal/server/region"
-	"github.com/idrange/idrange/internal/server/region/regiontest"
 	"github.com/idrange/idrange/internal/server/store"
+	"github.com/idrange/idrange/internal/testing/localregion"
+	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
 	"github.com/idrange/idrange/rangeclient/rangeclienttest"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -24,15 +24,15 @@ import (
 // etcd's shortest lease with the test raft timings (1.5 election timeouts).
 const realTTL = 3 * time.Second
 
-func realRegion(t *testing.T, replicas int) []*region.Region {
+func realRegion(t *testing.T, replicas int) []*localregion.Region {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("real region: skipped with -short")
 	}
 	etcd := embedetcdtest.Start(t)
-	rs := make([]*region.Region, replicas)
+	rs := make([]*localregion.Region, replicas)
 	for i := range rs {
-		rs[i] = regiontest.Start(t, region.Config{Region: 1, Etcd: etcd, Store: store.Config{LeaseTTL: realTTL}})
+		rs[i] = regiontest.Start(t, localregion.Config{Region: 1, Etcd: etcd, Store: store.Config{LeaseTTL: realTTL}})
 	}
 	return rs
 }
@@ -174,7 +174,7 @@ func TestRealRegionCase4PausedOwner(t *testing.T) {
 
 	// The store picks codes at random: hold every other code of the region
 	// (on a replica with long leases), so the only code B can get is A's.
-	filler := regiontest.Start(t, region.Config{Region: 1, Etcd: rs[0].Etcd(), Store: store.Config{LeaseTTL: time.Minute}})
+	filler := regiontest.Start(t, localregion.Config{Region: 1, Etcd: rs[0].Etcd(), Store: store.Config{LeaseTTL: time.Minute}})
 	ctx := context.Background()
 	var fillers []segment.Lease
 	for {
@@ -266,7 +266,7 @@ func TestRealDesignCase5Fleet(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, regions*perRegion)
 	for r := range regions {
-		rep := regiontest.Start(t, region.Config{Region: r, Etcd: etcd, SharedEtcd: true})
+		rep := regiontest.Start(t, localregion.Config{Region: r, Etcd: etcd, SharedEtcd: true})
 		alloc := regiontest.Allocator(t, rep) // one gRPC connection per region, shared by its 200 clients
 		clients[r] = make([]*Client, perRegion)
 		for i := range perRegion {

@@ -3,7 +3,7 @@ package segment
 import "github.com/idrange/idrange/snowflake"
 
 // A worker code's IDs, in order, are numbered by their linear position
-// L = ms<<12 | seq (see docs/layout.md). Blocks and high-water marks are
+// L = ms<<12 | seq (see docs/id-layout.md). Blocks and high-water marks are
 // ranges and points of L; these two functions convert between L and IDs.
 
 // idAt returns the ID at linear position l of code (region, worker). It does

@@ -14,7 +14,7 @@
 //	0 | timestamp (41 bits, ms since Epoch) | region (2) | worker (8) | sequence (12)
 //
 // so 4,096 IDs per millisecond per worker code, 4 regions of 256 workers, and
-// 69.7 years from Epoch (2026-01-01T00:00:00Z) to EndOfLife. docs/layout.md
+// 69.7 years from Epoch (2026-01-01T00:00:00Z) to EndOfLife. docs/id-layout.md
 // derives the widths; any other layout is a new format version.
 //
 // The package imports only the standard library. Errors a caller acts on are

@@ -15,7 +15,7 @@ func TestLayoutConstants(t *testing.T) {
 		t.Fatalf("epoch life %v is under 60 years", life)
 	}
 	if MaxSequence+1 < 3000 || MaxWorker+1 < 200 || MaxRegion+1 < 4 {
-		t.Fatal("a width is below its requirement (docs/layout.md)")
+		t.Fatal("a width is below its requirement (docs/id-layout.md)")
 	}
 	want := time.Date(2095, time.September, 7, 15, 47, 35, 551e6, time.UTC)
 	if got := EndOfLife(); !got.Equal(want) {

@@ -2,7 +2,7 @@ package snowflake
 
 import "time"
 
-// Field widths and limits of format version 1 (see docs/layout.md).
+// Field widths and limits of format version 1 (see docs/id-layout.md).
 const (
 	TimestampBits = 41
 	RegionBits    = 2

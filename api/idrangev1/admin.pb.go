@@ -242,7 +242,7 @@ type RegionRecord struct {
 	Region                uint32                 `protobuf:"varint,2,opt,name=region,proto3" json:"region,omitempty"`
 	RegionId              string                 `protobuf:"bytes,3,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"` // random, written once by the region's first start
 	CreatedUnixMs         int64                  `protobuf:"varint,4,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
-	Layout                uint32                 `protobuf:"varint,5,opt,name=layout,proto3" json:"layout,omitempty"`                                                                // ID layout version (docs/layout.md)
+	Layout                uint32                 `protobuf:"varint,5,opt,name=layout,proto3" json:"layout,omitempty"`                                                                // ID layout version (docs/id-layout.md)
 	EtcdClusterId         string                 `protobuf:"bytes,6,opt,name=etcd_cluster_id,json=etcdClusterId,proto3" json:"etcd_cluster_id,omitempty"`                            // hex; the cluster the record was written or last fenced on
 	RegistryClaimedUnixMs int64                  `protobuf:"varint,7,opt,name=registry_claimed_unix_ms,json=registryClaimedUnixMs,proto3" json:"registry_claimed_unix_ms,omitempty"` // 0: no confirmed registry claim
 	RegistryClusterId     string                 `protobuf:"bytes,8,opt,name=registry_cluster_id,json=registryClusterId,proto3" json:"registry_cluster_id,omitempty"`                // hex; the registry the claim was confirmed on

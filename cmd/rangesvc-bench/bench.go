@@ -10,8 +10,8 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/internal/server/cli"
+	"github.com/idrange/idrange/internal/server/clienttune"
 	"github.com/idrange/idrange/internal/testing/benchrun"
-	"github.com/idrange/idrange/internal/testing/clienttune"
 	"github.com/idrange/idrange/rangeclient"
 )
 

@@ -14,9 +14,9 @@ import (
 
 	"github.com/idrange/idrange/internal/server/cli"
 	"github.com/idrange/idrange/internal/server/embedetcd/embedetcdtest"
-	"github.com/idrange/idrange/internal/server/region"
-	"github.com/idrange/idrange/internal/server/region/regiontest"
 	"github.com/idrange/idrange/internal/server/store"
+	"github.com/idrange/idrange/internal/testing/localregion"
+	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -147,9 +147,9 @@ func TestAdminThreeClientsStatusLeasesFence(t *testing.T) {
 		t.Skip("real region: skipped with -short")
 	}
 	etcd := embedetcdtest.Start(t)
-	rs := []*region.Region{
-		regiontest.Start(t, region.Config{Region: 1, Etcd: etcd, Store: store.Config{LeaseTTL: 3 * time.Second}}),
-		regiontest.Start(t, region.Config{Region: 1, Etcd: etcd, Store: store.Config{LeaseTTL: 3 * time.Second}}),
+	rs := []*localregion.Region{
+		regiontest.Start(t, localregion.Config{Region: 1, Etcd: etcd, Store: store.Config{LeaseTTL: 3 * time.Second}}),
+		regiontest.Start(t, localregion.Config{Region: 1, Etcd: etcd, Store: store.Config{LeaseTTL: 3 * time.Second}}),
 	}
 	targets := rs[0].Addr() + "," + rs[1].Addr()
 
@@ -355,7 +355,7 @@ func TestAdminAlarmListAndDisarm(t *testing.T) {
 		t.Skip("real region: skipped with -short")
 	}
 	etcd := embedetcdtest.Start(t)
-	r := regiontest.Start(t, region.Config{Region: 2, Etcd: etcd})
+	r := regiontest.Start(t, localregion.Config{Region: 2, Etcd: etcd})
 	tgt := r.Addr()
 	al := adminJSON[struct {
 		Alarms []alarmJSON `json:"alarms"`
@@ -424,7 +424,7 @@ func TestAdminStatusEtcdDown(t *testing.T) {
 		t.Skip("real region: skipped with -short")
 	}
 	etcd := embedetcdtest.Start(t)
-	r := regiontest.Start(t, region.Config{Region: 3, Etcd: etcd})
+	r := regiontest.Start(t, localregion.Config{Region: 3, Etcd: etcd})
 	adminTable(t, []string{"SERVING", "free codes"}, "status", "--target", r.Addr())
 	etcd.Stop()
 	deadline := time.Now().Add(30 * time.Second)

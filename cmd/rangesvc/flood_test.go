@@ -24,7 +24,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 
-	"github.com/idrange/idrange/internal/testing/clienttune"
+	"github.com/idrange/idrange/internal/server/clienttune"
 	"github.com/idrange/idrange/internal/testing/testenv"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/tlsfiles"

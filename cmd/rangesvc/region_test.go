@@ -7,9 +7,9 @@ import (
 
 	"github.com/idrange/idrange/internal/server/cli"
 	"github.com/idrange/idrange/internal/server/embedetcd/embedetcdtest"
-	"github.com/idrange/idrange/internal/server/region"
-	"github.com/idrange/idrange/internal/server/region/regiontest"
 	"github.com/idrange/idrange/internal/server/store"
+	"github.com/idrange/idrange/internal/testing/localregion"
+	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
 	"github.com/idrange/idrange/internal/testing/testenv"
 	"github.com/idrange/idrange/segment"
 )
@@ -91,7 +91,7 @@ func TestAdminRegionStatusAndRestoreFence(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real region: skipped with -short")
 	}
-	r := regiontest.Start(t, region.Config{Region: 2, Etcd: embedetcdtest.Start(t),
+	r := regiontest.Start(t, localregion.Config{Region: 2, Etcd: embedetcdtest.Start(t),
 		Store: store.Config{Policy: segment.Policy{MaxBlock: segment.PerMs, MaxLead: time.Second}}})
 	tgt := r.Addr()
 	st := adminJSON[statusJSON](t, "status", "--target", tgt)

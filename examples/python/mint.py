@@ -9,7 +9,7 @@ so int() is exact.
     python3 mint.py --region 1 --count 1000 http://127.0.0.1:7071 http://10.0.0.2:7071
 
 The script mints --count IDs from every replica, checks that all of them are
-unique, decode with the 64-bit layout (docs/layout.md) and carry --region,
+unique, decode with the 64-bit layout (docs/id-layout.md) and carry --region,
 prints a summary and exits 0; any failure exits 1 with one line on stderr.
 """
 
@@ -20,7 +20,7 @@ import time
 import urllib.error
 import urllib.request
 
-# The 64-bit layout, format version 1 (docs/layout.md):
+# The 64-bit layout, format version 1 (docs/id-layout.md):
 # ID = ms<<22 | region<<20 | worker<<12 | seq, sign bit 0.
 EPOCH_MS = 1767225600000  # 2026-01-01T00:00:00Z
 TIME_SHIFT, REGION_SHIFT, WORKER_SHIFT = 22, 20, 12

@@ -19,8 +19,8 @@ import (
 	"github.com/idrange/idrange/internal/server/admin"
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/internal/server/embedetcd/embedetcdtest"
-	"github.com/idrange/idrange/internal/server/region"
-	"github.com/idrange/idrange/internal/server/region/regiontest"
+	"github.com/idrange/idrange/internal/testing/localregion"
+	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
 )
 
 func TestNewValidates(t *testing.T) {
@@ -42,7 +42,7 @@ func TestErrorCodes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real region: skipped with -short")
 	}
-	r := regiontest.Start(t, region.Config{Region: 1, Etcd: embedetcdtest.Start(t)})
+	r := regiontest.Start(t, localregion.Config{Region: 1, Etcd: embedetcdtest.Start(t)})
 	c := idrangev1.NewAdminServiceClient(regiontest.Dial(t, r.Addr()))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -108,7 +108,7 @@ func TestFenceAuditLine(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real region: skipped with -short")
 	}
-	r := regiontest.Start(t, region.Config{Region: 2, Etcd: embedetcdtest.Start(t)})
+	r := regiontest.Start(t, localregion.Config{Region: 2, Etcd: embedetcdtest.Start(t)})
 	var logs bytes.Buffer
 	srv, err := admin.New(admin.Config{Region: 2, Store: r.Store(), Etcd: r.Client(),
 		Logger: slog.New(slog.NewJSONHandler(&logs, nil))})

@@ -10,10 +10,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
-	"github.com/idrange/idrange/internal/server/region"
-	"github.com/idrange/idrange/internal/server/region/regiontest"
 	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/server/store/etcdstore"
+	"github.com/idrange/idrange/internal/testing/localregion"
+	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
 	"github.com/idrange/idrange/internal/testing/measure"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
@@ -82,7 +82,7 @@ func TestLoweredHighWaterMarkIsRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	start := time.Now().Add(-time.Second)
-	r := regiontest.Start(t, region.Config{Region: 1})
+	r := regiontest.Start(t, localregion.Config{Region: 1})
 	c, err := rangeclient.New(ctx, rangeclient.Config{Targets: []string{r.Addr()}, Region: 1, Owner: t.Name()})
 	if err != nil {
 		t.Fatal(err)

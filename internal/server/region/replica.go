@@ -1,3 +1,9 @@
+// Package region builds one range-service replica. NewReplica is the one
+// construction (a store.Store over an etcd client behind the region
+// identity's guard, internal/server/service.Service, the AdminService, a
+// gRPC server with the production options) that `rangesvc serve` runs.
+// The in-process harness that wraps it for benchmarks and tests is
+// internal/testing/localregion.
 package region
 
 import (
@@ -6,7 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -126,13 +131,15 @@ type ReplicaConfig struct {
 	RegistryPrefix        string
 	RegistryCheckInterval time.Duration
 
-	// sharedEtcd skips the region record: several in-process regions of
-	// different codes share one etcd (Config.SharedEtcd, a test model).
-	sharedEtcd bool
-
-	// txns, if set, counts the write Txns the store sends to etcd (Region's
-	// Counts.Txns).
-	txns *atomic.Uint64
+	// SharedEtcd skips the region record (neither written nor checked):
+	// several in-process regions of different codes share one etcd, a test
+	// and benchmark model (internal/testing/localregion). rangesvc serve
+	// never sets it; production runs one etcd per region.
+	SharedEtcd bool
+	// WrapStorage, if set, wraps the etcd storage under the store (below
+	// the region identity's guard); the in-process harness counts etcd
+	// write transactions with it. nil: the etcd storage itself.
+	WrapStorage func(store.BatchStorage) store.BatchStorage
 }
 
 // Replica is one range-service replica: a store.Store over an etcd
@@ -187,7 +194,7 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 	if err := r.openSpace(); err != nil {
 		return nil, err
 	}
-	if !cfg.sharedEtcd {
+	if !cfg.SharedEtcd {
 		if r.ident, err = newIdentity(cfg); err != nil {
 			return nil, err
 		}
@@ -300,45 +307,13 @@ func openStore(cfg ReplicaConfig, m *service.Metrics, id *identity) (*store.Stor
 		return nil, err
 	}
 	var bs store.BatchStorage = stg
-	if cfg.txns != nil {
-		bs = countingStorage{stg, cfg.txns}
+	if cfg.WrapStorage != nil {
+		bs = cfg.WrapStorage(bs)
 	}
 	if id == nil {
 		return store.New(bs, sc)
 	}
 	return store.New(guardStorage{bs, id}, sc)
-}
-
-// countingStorage counts the write Txns sent to etcd (each one raft
-// proposal; a group commit of many grants is one). It keeps the storage's
-// group commit (store.BatchStorage).
-type countingStorage struct {
-	*etcdstore.Storage
-	n *atomic.Uint64
-}
-
-var _ store.BatchStorage = countingStorage{}
-
-func (c countingStorage) CreateOwner(ctx context.Context, region, worker int, highWaterRev int64, value []byte, lease int64) (int64, bool, error) {
-	c.n.Add(1)
-	return c.Storage.CreateOwner(ctx, region, worker, highWaterRev, value, lease)
-}
-
-func (c countingStorage) CommitHighWater(ctx context.Context, region, worker int, hc store.HighWaterCommit) (int64, bool, store.CodeView, error) {
-	c.n.Add(1)
-	return c.Storage.CommitHighWater(ctx, region, worker, hc)
-}
-
-func (c countingStorage) CommitHighWaters(ctx context.Context, ops []store.GrantOp) ([]store.GrantResult, error) {
-	if len(ops) > 0 {
-		c.n.Add(1)
-	}
-	return c.Storage.CommitHighWaters(ctx, ops)
-}
-
-func (c countingStorage) DeleteOwner(ctx context.Context, region, worker int, token, lease int64) (bool, store.CodeView, error) {
-	c.n.Add(1)
-	return c.Storage.DeleteOwner(ctx, region, worker, token, lease)
 }
 
 func (r *Replica) serviceConfig() service.Config {

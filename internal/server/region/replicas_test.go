@@ -17,9 +17,9 @@ import (
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/server/embedetcd/embedetcdtest"
-	"github.com/idrange/idrange/internal/server/region"
-	"github.com/idrange/idrange/internal/server/region/regiontest"
 	"github.com/idrange/idrange/internal/server/service"
+	"github.com/idrange/idrange/internal/testing/localregion"
+	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -36,8 +36,8 @@ func TestConcurrentGrantsAcrossReplicas(t *testing.T) {
 	// owner per code), not for this pile-up.
 	sc := store.Config{MaxConflicts: 1000}
 	off := &fakeclock.Offset{} // replica 1's service clock
-	r0 := regiontest.Start(t, region.Config{Region: 2, Etcd: etcd, Store: sc})
-	r1 := regiontest.Start(t, region.Config{Region: 2, Etcd: etcd, Store: sc, Now: off.Now})
+	r0 := regiontest.Start(t, localregion.Config{Region: 2, Etcd: etcd, Store: sc})
+	r1 := regiontest.Start(t, localregion.Config{Region: 2, Etcd: etcd, Store: sc, Now: off.Now})
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
 
@@ -154,7 +154,7 @@ func TestConcurrentGrantsAcrossReplicas(t *testing.T) {
 // A released (or expired) lease's token is refused through the wire with
 // FailedPrecondition, and errors.Is sees the segment sentinel.
 func TestStaleTokenIsFencedOverGRPC(t *testing.T) {
-	r := regiontest.Start(t, region.Config{Region: 0})
+	r := regiontest.Start(t, localregion.Config{Region: 0})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	a := regiontest.Allocator(t, r)
@@ -188,7 +188,7 @@ func TestStaleTokenIsFencedOverGRPC(t *testing.T) {
 
 // The Next RPC mints on the replica's own lease through rangeclient.
 func TestNextRPC(t *testing.T) {
-	r := regiontest.Start(t, region.Config{Region: 3, NextMinter: func(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error) {
+	r := regiontest.Start(t, localregion.Config{Region: 3, NextMinter: func(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error) {
 		return rangeclient.New(ctx, rangeclient.Config{Allocator: a, Region: region, Owner: "testenv next"})
 	}})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -20,10 +20,11 @@ import (
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/internal/server/region"
-	"github.com/idrange/idrange/internal/server/region/regiontest"
 	"github.com/idrange/idrange/internal/server/service"
 	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/server/wire"
+	"github.com/idrange/idrange/internal/testing/localregion"
+	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
 	"github.com/idrange/idrange/internal/testing/testpki"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
@@ -34,7 +35,7 @@ import (
 // secureRegion is one mutual-TLS replica of region 1 on embedded etcd,
 // with its PKI.
 type secureRegion struct {
-	r      *region.Region
+	r      *localregion.Region
 	dir    string
 	ca     *testpki.CA
 	caFile string
@@ -69,7 +70,7 @@ func startSecureRegion(t *testing.T) *secureRegion {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.r = regiontest.Start(t, region.Config{
+	s.r = regiontest.Start(t, localregion.Config{
 		Region: 1, TLS: tc, AllowedIdentities: allowed,
 		Store: store.Config{MaxCodesPerIdentity: capPerIdentity},
 	})

@@ -44,7 +44,7 @@ var (
 const RecordVersion = 1
 
 // LayoutVersion is the ID layout the record pins: format version 1 of
-// docs/layout.md. A replica of another layout refuses the record.
+// docs/id-layout.md. A replica of another layout refuses the record.
 const LayoutVersion = 1
 
 // KeySuffix is the record's key under the deployment's key prefix.

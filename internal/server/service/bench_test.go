@@ -5,9 +5,9 @@ import (
 	"testing"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
-	"github.com/idrange/idrange/internal/server/region"
-	"github.com/idrange/idrange/internal/server/region/regiontest"
 	"github.com/idrange/idrange/internal/server/service"
+	"github.com/idrange/idrange/internal/testing/localregion"
+	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 )
@@ -15,7 +15,7 @@ import (
 // BenchmarkAllocateBlock is one block grant through loopback gRPC and the
 // etcd transaction of a real embedded etcd (fsync on), one caller.
 func BenchmarkAllocateBlock(b *testing.B) {
-	r := regiontest.Start(b, region.Config{Region: 0})
+	r := regiontest.Start(b, localregion.Config{Region: 0})
 	a := regiontest.Allocator(b, r)
 	ctx := context.Background()
 	l, err := a.Acquire(ctx, 0, "bench")
@@ -33,7 +33,7 @@ func BenchmarkAllocateBlock(b *testing.B) {
 // BenchmarkNextRPC is the per-ID baseline: one gRPC round trip per ID (the
 // replica mints from its own buffered client, so etcd is rarely touched).
 func BenchmarkNextRPC(b *testing.B) {
-	r := regiontest.Start(b, region.Config{Region: 0, NextMinter: func(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error) {
+	r := regiontest.Start(b, localregion.Config{Region: 0, NextMinter: func(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error) {
 		return rangeclient.New(ctx, rangeclient.Config{Allocator: a, Region: region})
 	}})
 	ctx := context.Background()

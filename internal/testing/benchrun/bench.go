@@ -52,7 +52,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/idrange/idrange/internal/server/region"
+	"github.com/idrange/idrange/internal/testing/localregion"
 	"github.com/idrange/idrange/internal/testing/measure"
 )
 
@@ -155,7 +155,7 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 // baseline is what the counters read before the paced run; the report
 // counts the difference.
 type baseline struct {
-	counts  region.Counts
+	counts  localregion.Counts
 	stats   statsSum
 	latency map[string]*measure.Histogram
 }
@@ -196,7 +196,7 @@ func (rep *Report) runPaced(ctx context.Context, cfg Config, env *Env, workers [
 }
 
 // progress prints a line every ProgressEvery until ctx ends.
-func progress(ctx context.Context, cfg Config, env *Env, ws []*worker, begin time.Time, c0 region.Counts, s0 statsSum) {
+func progress(ctx context.Context, cfg Config, env *Env, ws []*worker, begin time.Time, c0 localregion.Counts, s0 statsSum) {
 	t := time.NewTicker(cfg.ProgressEvery)
 	defer t.Stop()
 	var lastIDs int64

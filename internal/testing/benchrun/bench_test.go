@@ -14,7 +14,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/idrange/idrange/internal/server/region/regiontest"
+	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
 	"github.com/idrange/idrange/internal/testing/measure"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"

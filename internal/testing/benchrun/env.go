@@ -3,14 +3,14 @@ package benchrun
 import (
 	"context"
 
-	"github.com/idrange/idrange/internal/server/region"
+	"github.com/idrange/idrange/internal/testing/localregion"
 	"github.com/idrange/idrange/internal/testing/measure"
 )
 
 // Env is a running set of regions, reusable across runs (the sweep).
 type Env struct {
-	etcds   []*region.Etcd
-	regions []*region.Region
+	etcds   []*localregion.Etcd
+	regions []*localregion.Region
 }
 
 // StartEnv starts cfg.Regions in-process regions on one shared etcd (or
@@ -27,18 +27,18 @@ func StartEnv(ctx context.Context, cfg Config) (*Env, error) {
 			env.Close()
 		}
 	}()
-	var shared *region.Etcd
+	var shared *localregion.Etcd
 	for r := range cfg.Regions {
 		e := shared
 		if e == nil || cfg.EtcdPerRegion {
 			var err error
-			if e, err = region.StartEtcd(ctx, ""); err != nil {
+			if e, err = localregion.StartEtcd(ctx, ""); err != nil {
 				return nil, err
 			}
 			env.etcds = append(env.etcds, e)
 			shared = e
 		}
-		reg, err := region.Start(ctx, region.Config{Region: r, Etcd: e.Server, Logger: cfg.Logger,
+		reg, err := localregion.Start(ctx, localregion.Config{Region: r, Etcd: e.Server, Logger: cfg.Logger,
 			SharedEtcd: !cfg.EtcdPerRegion})
 		if err != nil {
 			return nil, err
@@ -65,8 +65,8 @@ func (e *Env) Close() error {
 	return first
 }
 
-func (e *Env) counts() region.Counts {
-	var c region.Counts
+func (e *Env) counts() localregion.Counts {
+	var c localregion.Counts
 	for _, r := range e.regions {
 		c = c.Add(r.Counts())
 	}

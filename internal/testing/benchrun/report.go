@@ -6,7 +6,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/idrange/idrange/internal/server/region"
+	"github.com/idrange/idrange/internal/testing/localregion"
 	"github.com/idrange/idrange/internal/testing/measure"
 	"github.com/idrange/idrange/rangeclient"
 )
@@ -66,9 +66,9 @@ type Report struct {
 	// feels it, whatever the cause: refill wait, scheduling, GC).
 	SlowCalls uint64 `json:"slow_calls_over_1ms"`
 	// Store counters summed over the regions, for the paced run.
-	Store            region.Counts `json:"store"`
-	EtcdWrites       uint64        `json:"etcd_writes"`
-	EtcdWritesPerSec float64       `json:"etcd_writes_per_sec"`
+	Store            localregion.Counts `json:"store"`
+	EtcdWrites       uint64             `json:"etcd_writes"`
+	EtcdWritesPerSec float64            `json:"etcd_writes_per_sec"`
 	// ServerLatency is the services' own time per RPC method during the
 	// run (all regions), store included: where a stall came from.
 	ServerLatency map[string]measure.Summary `json:"server_latency"`

@@ -11,8 +11,8 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/idrange/idrange/internal/server/region"
-	"github.com/idrange/idrange/internal/server/region/regiontest"
+	"github.com/idrange/idrange/internal/testing/localregion"
+	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
 	"github.com/idrange/idrange/internal/testing/measure"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/snowflake"
@@ -20,9 +20,9 @@ import (
 
 // sharedRegion is one in-process region for the package's tests (etcd
 // start-up is the slow part); it lives until the test binary exits.
-var sharedRegion = regiontest.Shared[*region.Region]{What: "region",
-	Start: func(ctx context.Context) (*region.Region, error) {
-		return region.Start(ctx, region.Config{Region: 1, NextMinter: nextMinter})
+var sharedRegion = regiontest.Shared[*localregion.Region]{What: "region",
+	Start: func(ctx context.Context) (*localregion.Region, error) {
+		return localregion.Start(ctx, localregion.Config{Region: 1, NextMinter: nextMinter})
 	}}
 
 func TestMain(m *testing.M) { os.Exit(sharedRegion.Main(m)) }

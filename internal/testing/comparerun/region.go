@@ -7,8 +7,8 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/service"
+	"github.com/idrange/idrange/internal/testing/localregion"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 )
@@ -29,7 +29,7 @@ func RunWithRegion(ctx context.Context, cfg Config) (*Report, error) {
 	cfg = cfg.withDefaults()
 	fmt.Fprintln(cfg.Progress, "compare: starting an in-process region 0 (embedded etcd with fsync, rangesvc on 127.0.0.1)")
 	start := time.Now()
-	r, err := region.Start(ctx, region.Config{Region: 0, NextMinter: nextMinter})
+	r, err := localregion.Start(ctx, localregion.Config{Region: 0, NextMinter: nextMinter})
 	if err != nil {
 		return nil, errors.Wrap(err, "start the in-process region")
 	}

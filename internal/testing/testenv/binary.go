@@ -4,8 +4,8 @@
 // runs `rangesvc serve` and `rangesvc mint` as subprocesses.
 //
 // In-process regions (embedded etcd + store + service + gRPC, the same
-// construction as `rangesvc serve`) are internal/server/region; its test helpers
-// are internal/server/region/regiontest.
+// construction as `rangesvc serve`) are internal/testing/localregion; its
+// test helpers are internal/testing/localregion/regiontest.
 //
 // Everything listens on 127.0.0.1 with random ports and is torn down by
 // t.Cleanup. Nothing here is used outside tests.

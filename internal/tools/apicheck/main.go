@@ -12,7 +12,9 @@
 // feature) is incompatible; a new line is a compatible addition, except a
 // method added to an interface that callers may implement. scripts/apicheck
 // runs it; it reads compiler export data (go list -export), so it needs
-// nothing beyond the go command.
+// nothing beyond the go command. Its test fails when an exported feature
+// of a public package names a type of an internal package, which no caller
+// can name (TestNoExportedSignatureNamesAnInternalType).
 package main
 
 import (

@@ -16,12 +16,17 @@ import (
 const module = "github.com/idrange/idrange"
 
 // A rule is one library's dependency limit. A package is a violation when
-// it matches a forbidden prefix, or, with stdlibOnly, when it is neither in
-// the standard library nor a package of this module (this module's own
-// packages are held to the same rule through their own imports).
+// it matches a forbidden entry (a path ending in "/" forbids everything
+// under it; any other path forbids that package and the packages under
+// it), or, with stdlibOnly, when it is neither in the standard library nor
+// a package of this module (this module's own packages are held to the
+// same rule through their own imports). tags, if set, are the build tags
+// the dependencies are listed with; allow exempts packages from forbidden.
 type rule struct {
 	pkg        string
+	tags       string
 	forbidden  []string
+	allow      []string
 	stdlibOnly bool
 }
 
@@ -35,8 +40,23 @@ var rules = []rule{
 	{pkg: "segment", forbidden: []string{"go.etcd.io/", "github.com/cockroachdb/"}},
 	// The binaries: Prometheus's server module is required only for the
 	// PromQL parser in internal/tools/monitorcheck's tests.
-	{pkg: "cmd/rangesvc", forbidden: []string{prometheusServer}},
+	{pkg: "cmd/rangesvc", forbidden: append([]string{prometheusServer}, notInServer...)},
+	// The fault build (-tags idrange_faults) is what the fault suite and
+	// the end-to-end tests run: the same server, so the same limits, but
+	// for the offset clock its --fault-clock-file moves.
+	{pkg: "cmd/rangesvc", tags: "idrange_faults", forbidden: append([]string{prometheusServer}, notInServer...),
+		allow: []string{module + "/internal/testing/fakeclock"}},
 	{pkg: "cmd/rangesvc-bench", forbidden: []string{prometheusServer}},
+}
+
+// notInServer is what the server binary must not link: the testing
+// package (and testing/...), the benchmark packages, the test harnesses
+// and the fault suite. What rangesvc runs lives in the public libraries
+// and internal/server/.
+var notInServer = []string{
+	"testing",
+	module + "/bench", module + "/compare",
+	module + "/internal/testing/", module + "/internal/faultsuite/",
 }
 
 // prometheusServer is the Prometheus server module (not its client
@@ -63,9 +83,9 @@ func goTool(t *testing.T) string {
 
 // listDeps returns every package pkg depends on (itself included), in
 // `go list -deps` order, keyed by import path.
-func listDeps(t *testing.T, goBin, pkg string) (map[string]dep, []string) {
+func listDeps(t *testing.T, goBin, tags, pkg string) (map[string]dep, []string) {
 	t.Helper()
-	cmd := exec.Command(goBin, "list", "-deps", "-f", `{{.ImportPath}} {{.Standard}} {{join .Imports ","}}`, pkg)
+	cmd := exec.Command(goBin, "list", "-deps", "-tags", tags, "-f", `{{.ImportPath}} {{.Standard}} {{join .Imports ","}}`, pkg)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -119,12 +139,45 @@ func (r rule) violates(d dep) bool {
 	if r.stdlibOnly && !d.standard && d.path != module && !strings.HasPrefix(d.path, module+"/") {
 		return true
 	}
+	if slices.Contains(r.allow, d.path) {
+		return false
+	}
 	for _, f := range r.forbidden {
-		if strings.HasPrefix(d.path, f) {
+		if forbids(f, d.path) {
 			return true
 		}
 	}
 	return false
+}
+
+// forbids: f ending in "/" forbids every path under it; any other f
+// forbids itself and the paths under it (not "testingx" for "testing").
+func forbids(f, path string) bool {
+	if strings.HasSuffix(f, "/") {
+		return strings.HasPrefix(path, f)
+	}
+	return path == f || strings.HasPrefix(path, f+"/")
+}
+
+func TestForbids(t *testing.T) {
+	for _, c := range []struct {
+		f, path string
+		want    bool
+	}{
+		{"testing", "testing", true},
+		{"testing", "testing/synctest", true},
+		{"testing", "testingx", false},
+		{module + "/bench", module + "/bench", true},
+		{module + "/bench", module + "/benchmark", false},
+		{module + "/internal/testing/", module + "/internal/testing/hdr", true},
+		{module + "/internal/testing/", module + "/internal/server/store", false},
+		{"go.uber.org/zap", "go.uber.org/zap/zapcore", true},
+		{"go.etcd.io/", "go.etcd.io/etcd/client/v3", true},
+	} {
+		if got := forbids(c.f, c.path); got != c.want {
+			t.Errorf("forbids(%q, %q) = %v, want %v", c.f, c.path, got, c.want)
+		}
+	}
 }
 
 // TestDependencySets fails when a forbidden package enters a library's
@@ -133,13 +186,22 @@ func (r rule) violates(d dep) bool {
 func TestDependencySets(t *testing.T) {
 	goBin := goTool(t)
 	for _, r := range rules {
-		t.Run(r.pkg, func(t *testing.T) {
+		name := r.pkg
+		if r.tags != "" {
+			name += "+" + r.tags
+		}
+		t.Run(name, func(t *testing.T) {
 			root := module + "/" + r.pkg
-			deps, order := listDeps(t, goBin, root)
+			deps, order := listDeps(t, goBin, r.tags, root)
 			var nonStd, own, bad []string
 			for _, p := range order {
 				d := deps[p]
 				if d.standard {
+					// Forbidden entries hold for the standard library
+					// too ("testing" in a binary).
+					if r.violates(d) {
+						bad = append(bad, p)
+					}
 					continue
 				}
 				if p == root {

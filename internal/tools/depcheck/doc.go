@@ -4,7 +4,10 @@
 // etcd, zap, sentry, gogo or cockroachdb; snowflake is standard library
 // only, like the generators it is compared with; the segment domain package
 // has no etcd and no cockroachdb; neither rangeclient nor the binaries link
-// the Prometheus server module, whose PromQL parser only tests use. Run it
+// the Prometheus server module, whose PromQL parser only tests use; the
+// server binary (cmd/rangesvc, its fault build too) links neither the
+// testing package, nor bench or compare, nor the test harnesses
+// (internal/testing/) or the fault suite (internal/faultsuite/). Run it
 // alone with
 //
 //	go test -count=1 -v ./internal/tools/depcheck/

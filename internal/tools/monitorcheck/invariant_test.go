@@ -16,10 +16,10 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/idrange/idrange/internal/server/region"
-	"github.com/idrange/idrange/internal/server/region/regiontest"
 	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/server/store/etcdstore"
+	"github.com/idrange/idrange/internal/testing/localregion"
+	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
 	"github.com/idrange/idrange/segment"
 )
 
@@ -39,7 +39,7 @@ func TestHighWaterRegressedAlertFiresOnARealReplica(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	r := regiontest.Start(t, region.Config{Region: 1})
+	r := regiontest.Start(t, localregion.Config{Region: 1})
 	before := scrapeSeries(t, r, "idrange_service_hwm_regressions_total", "idrange_service_hwm_regressed_codes")
 
 	st := r.Store()
@@ -102,7 +102,7 @@ tests:
 // scrapeSeries gathers r's registry and returns each sample of the named
 // families as a series selector with the job and instance labels a scrape
 // adds, mapped to its value.
-func scrapeSeries(t *testing.T, r *region.Region, names ...string) map[string]float64 {
+func scrapeSeries(t *testing.T, r *localregion.Region, names ...string) map[string]float64 {
 	t.Helper()
 	mfs, err := r.Registry().Gather()
 	if err != nil {

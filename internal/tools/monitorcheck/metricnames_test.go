@@ -15,7 +15,8 @@ import (
 	"github.com/idrange/idrange/internal/server/buildinfo"
 	"github.com/idrange/idrange/internal/server/etcdspace"
 	"github.com/idrange/idrange/internal/server/region"
-	"github.com/idrange/idrange/internal/server/region/regiontest"
+	"github.com/idrange/idrange/internal/testing/localregion"
+	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
 	"github.com/idrange/idrange/rangeclient"
 )
 
@@ -58,7 +59,7 @@ func servingGatherer(t *testing.T) []prometheus.Gatherer {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), exportTimeout)
 	defer cancel()
-	r := regiontest.Start(t, region.Config{Region: 1})
+	r := regiontest.Start(t, localregion.Config{Region: 1})
 
 	serveReg := prometheus.NewRegistry()
 	serveReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

@@ -40,7 +40,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/idrange/idrange/internal/faultsuite/history"
-	"github.com/idrange/idrange/internal/testing/clienttune"
+	"github.com/idrange/idrange/internal/server/clienttune"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/snowflake"
 	"github.com/idrange/idrange/tlsfiles"

@@ -11,6 +11,13 @@
 // The package is a hook: rangeclient registers the function that puts a
 // Tuning into a Config (an unexported field), so nothing outside this
 // module can reach it.
+//
+// It sits with the server parts, not the test harnesses, because its
+// defaults are production: every rangeclient, the Next minter of rangesvc
+// serve included, runs with them, so the binary links this package
+// (rangeclient already takes internal/server/wire from this group). It
+// cannot live under rangeclient/internal: bench and the fault suite's
+// minter, outside rangeclient's tree, set the knobs.
 package clienttune
 
 import (

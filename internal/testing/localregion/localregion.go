@@ -1,16 +1,16 @@
-// Package region stands up idrange range-service replicas. NewReplica is
-// the one construction of a replica (store.Store over an etcd client,
-// internal/server/service.Service, gRPC server with the production options) that
-// `rangesvc serve` runs. Start wraps it for in-process use: an embedded
-// etcd (or a shared one), a replica on 127.0.0.1:<random port>, counters of
-// what the store did and server-side RPC latency. `rangesvc compare`,
-// `rangesvc bench` and the tests use Start, so they measure and test the
-// server users run (etcd transactions with fsync, loopback gRPC) without a
-// separate process.
+// Package localregion stands up in-process range-service replicas for the
+// benchmarks and the tests. Start wraps region.NewReplica, the one
+// construction of a replica that `rangesvc serve` runs: an embedded etcd
+// (or a shared one), a replica on 127.0.0.1:<random port>, counters of what
+// the store did and server-side RPC latency. `rangesvc-bench compare`,
+// `rangesvc-bench bench` and the tests use Start, so they measure and test
+// the server users run (etcd transactions with fsync, loopback gRPC)
+// without a separate process.
 //
-// Test helpers (testing.TB wrappers) are in internal/server/region/regiontest;
-// this package does not import testing.
-package region
+// Test helpers (testing.TB wrappers) are in
+// internal/testing/localregion/regiontest; this package does not import
+// testing, so the benchmark binary can link it.
+package localregion
 
 import (
 	"context"
@@ -31,6 +31,7 @@ import (
 
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/internal/server/embedetcd"
+	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/service"
 	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/testing/measure"
@@ -105,11 +106,11 @@ type Config struct {
 	Now func() time.Time
 	// NextMinter opens the minter EnableNext installs behind the Next RPC
 	// (a rangeclient.New over the given allocator). nil: EnableNext fails.
-	NextMinter NextFunc
+	NextMinter region.NextFunc
 	// Logger receives store and service logs; nil discards them.
 	Logger *slog.Logger
 	// TLS, AllowedIdentities and AdminIdentities are the replica's
-	// (ReplicaConfig): TLS on the gRPC port, mutual TLS with identity-bound
+	// (region.ReplicaConfig): TLS on the gRPC port, mutual TLS with identity-bound
 	// leases when TLS requires client certificates. Addr stays
 	// 127.0.0.1:port; the certificate must name 127.0.0.1 or the client
 	// must set its ServerName.
@@ -186,6 +187,38 @@ func (c *counter) Renewed(_, _ int, err error) {
 	}
 }
 
+// countingStorage counts the write Txns sent to etcd (each one raft
+// proposal; a group commit of many grants is one). It keeps the storage's
+// group commit (store.BatchStorage).
+type countingStorage struct {
+	store.BatchStorage
+	n *atomic.Uint64
+}
+
+var _ store.BatchStorage = countingStorage{}
+
+func (c countingStorage) CreateOwner(ctx context.Context, region, worker int, highWaterRev int64, value []byte, lease int64) (int64, bool, error) {
+	c.n.Add(1)
+	return c.BatchStorage.CreateOwner(ctx, region, worker, highWaterRev, value, lease)
+}
+
+func (c countingStorage) CommitHighWater(ctx context.Context, region, worker int, hc store.HighWaterCommit) (int64, bool, store.CodeView, error) {
+	c.n.Add(1)
+	return c.BatchStorage.CommitHighWater(ctx, region, worker, hc)
+}
+
+func (c countingStorage) CommitHighWaters(ctx context.Context, ops []store.GrantOp) ([]store.GrantResult, error) {
+	if len(ops) > 0 {
+		c.n.Add(1)
+	}
+	return c.BatchStorage.CommitHighWaters(ctx, ops)
+}
+
+func (c countingStorage) DeleteOwner(ctx context.Context, region, worker int, token, lease int64) (bool, store.CodeView, error) {
+	c.n.Add(1)
+	return c.BatchStorage.DeleteOwner(ctx, region, worker, token, lease)
+}
+
 // Region is one in-process replica of a region, listening on loopback. It
 // can be killed and restarted on the same address, etcd, etcd client and
 // clock, as a restarted process would be.
@@ -202,8 +235,8 @@ type Region struct {
 	lat   map[string]*measure.Histogram // server-side latency per RPC method
 
 	mu        sync.Mutex
-	rep       *Replica // nil while stopped
-	last      *Replica // the current or last replica (accessors)
+	rep       *region.Replica // nil while stopped
+	last      *region.Replica // the current or last replica (accessors)
 	minter    service.MinterCloser
 	closeOnce sync.Once
 	closeErr  error
@@ -245,7 +278,7 @@ func Start(ctx context.Context, cfg Config) (*Region, error) {
 
 // start builds a fresh replica and serves it on addr.
 func (r *Region) start(addr string) error {
-	rep, err := NewReplica(ReplicaConfig{
+	rep, err := region.NewReplica(region.ReplicaConfig{
 		Region:       r.cfg.Region,
 		Etcd:         r.cli,
 		Store:        r.cfg.Store,
@@ -253,12 +286,14 @@ func (r *Region) start(addr string) error {
 		Observer:     r.count,
 		Interceptors: []grpc.UnaryServerInterceptor{r.timeRPC},
 		Logger:       r.cfg.Logger,
-		txns:         &r.txns,
+		WrapStorage: func(s store.BatchStorage) store.BatchStorage {
+			return countingStorage{s, &r.txns}
+		},
 		// An in-process region's etcd is its own: the first replica
 		// initialises the region record (as rangesvc serve does on its
 		// embedded etcd).
 		InitRegion: true,
-		sharedEtcd: r.cfg.SharedEtcd,
+		SharedEtcd: r.cfg.SharedEtcd,
 
 		TLS:               r.cfg.TLS,
 		AllowedIdentities: r.cfg.AllowedIdentities,
@@ -323,7 +358,7 @@ func (r *Region) Addr() string {
 	return r.addr
 }
 
-func (r *Region) replica() *Replica {
+func (r *Region) replica() *region.Replica {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.last

@@ -1,4 +1,4 @@
-package region
+package localregion
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-// Package regiontest is internal/server/region for tests: Start stands up an
+// Package regiontest is internal/testing/localregion for tests: Start stands up an
 // in-process replica that the test's cleanup closes, Dial and Allocator
 // connect to it, and Shared shares regions among the tests of one package.
 //
@@ -6,9 +6,9 @@
 // start its regions once, on the first test that asks, and close them when
 // its test binary ends:
 //
-//	var regions = regiontest.Shared[*region.Region]{What: "region",
-//		Start: func(ctx context.Context) (*region.Region, error) {
-//			return region.Start(ctx, region.Config{Region: 1})
+//	var regions = regiontest.Shared[*localregion.Region]{What: "region",
+//		Start: func(ctx context.Context) (*localregion.Region, error) {
+//			return localregion.Start(ctx, localregion.Config{Region: 1})
 //		}}
 //
 //	func TestMain(m *testing.M) { os.Exit(regions.Main(m)) }
@@ -26,18 +26,18 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/wire"
+	"github.com/idrange/idrange/internal/testing/localregion"
 	"github.com/idrange/idrange/segment"
 )
 
-// Start stands up an in-process replica (region.Start, the construction
+// Start stands up an in-process replica (localregion.Start, over the construction
 // rangesvc serve runs) and closes it at the end of the test.
-func Start(t testing.TB, cfg region.Config) *region.Region {
+func Start(t testing.TB, cfg localregion.Config) *localregion.Region {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), StartTimeout)
 	defer cancel()
-	r, err := region.Start(ctx, cfg)
+	r, err := localregion.Start(ctx, cfg)
 	if err != nil {
 		t.Fatalf("regiontest: start region %d: %v", cfg.Region, err)
 	}
@@ -58,7 +58,7 @@ func Dial(t testing.TB, addr string) *grpc.ClientConn {
 }
 
 // Allocator is the wire adapter over a new connection to r.
-func Allocator(t testing.TB, r *region.Region) segment.Allocator {
+func Allocator(t testing.TB, r *localregion.Region) segment.Allocator {
 	t.Helper()
 	return wire.NewAllocator(Dial(t, r.Addr()))
 }
