@@ -8,6 +8,7 @@ import (
 	bwsnow "github.com/bwmarrin/snowflake"
 	"github.com/sony/sonyflake/v2"
 
+	"github.com/idrange/idrange/internal/testing/comparerun"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -39,14 +40,14 @@ func BenchmarkCap(b *testing.B) {
 		benchCap(b, 64, codeCapPerMs, func() (err error) { buf, err = g.AppendN(ctx, buf[:0], 64); return err })
 	})
 	b.Run("bwmarrin/Generate", func(b *testing.B) {
-		n, err := bwsnow.NewNode(BwmarrinNode)
+		n, err := bwsnow.NewNode(comparerun.BwmarrinNode)
 		if err != nil {
 			b.Fatal(err)
 		}
 		benchCap(b, 1, codeCapPerMs, func() error { n.Generate(); return nil })
 	})
 	b.Run("sonyflake/NextID", func(b *testing.B) {
-		sf, err := sonyflake.New(sonyflakeSettings())
+		sf, err := sonyflake.New(comparerun.SonyflakeSettings())
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -55,7 +56,7 @@ func BenchmarkCap(b *testing.B) {
 }
 
 func newBenchGenerator(b *testing.B) *snowflake.Generator {
-	g, err := snowflake.NewGenerator(snowflake.Config{Region: LocalRegion, Worker: LocalWorker,
+	g, err := snowflake.NewGenerator(snowflake.Config{Region: comparerun.LocalRegion, Worker: comparerun.LocalWorker,
 		HighWater: snowflake.NewMemHighWater(), Window: time.Hour})
 	if err != nil {
 		b.Fatal(err)

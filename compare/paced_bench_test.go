@@ -8,6 +8,7 @@ import (
 
 	bwsnow "github.com/bwmarrin/snowflake"
 
+	"github.com/idrange/idrange/internal/testing/comparerun"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/rangeclient/rangeclienttest"
 )
@@ -26,7 +27,7 @@ func BenchmarkBurst3000(b *testing.B) {
 		}
 	})
 	b.Run("bwmarrin", func(b *testing.B) {
-		n, err := bwsnow.NewNode(BwmarrinNode)
+		n, err := bwsnow.NewNode(comparerun.BwmarrinNode)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -89,11 +90,11 @@ func newBenchClient(b *testing.B) *rangeclient.Client {
 func BenchmarkPacedLatency(b *testing.B) {
 	ctx := context.Background()
 	c, c2 := newBenchClient(b), newBenchClient(b)
-	n, err := bwsnow.NewNode(BwmarrinNode)
+	n, err := bwsnow.NewNode(comparerun.BwmarrinNode)
 	if err != nil {
 		b.Fatal(err)
 	}
-	n2, err := bwsnow.NewNode(BwmarrinNode + 1)
+	n2, err := bwsnow.NewNode(comparerun.BwmarrinNode + 1)
 	if err != nil {
 		b.Fatal(err)
 	}

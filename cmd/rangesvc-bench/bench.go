@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
-	"github.com/idrange/idrange/bench"
 	"github.com/idrange/idrange/internal/server/cli"
 	"github.com/idrange/idrange/internal/server/clienttune"
+	"github.com/idrange/idrange/internal/testing/benchrun"
 	"github.com/idrange/idrange/rangeclient"
 )
 
@@ -36,22 +36,22 @@ flags:`
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newReportFlags("bench", benchUsage, stderr)
 	var (
-		regions       = fs.Int("regions", bench.DefaultRegions, "regions (1..4)")
-		workers       = fs.Int("workers", bench.DefaultWorkers, "workers (rangeclients) per region (1..256)")
-		rate          = fs.Float64("rate", bench.DefaultRate, "target aggregate IDs/s")
-		duration      = fs.Duration("duration", bench.DefaultDuration, "paced run time (per point with --sweep)")
-		tick          = fs.Duration("tick", bench.DefaultTick, "pacing interval of each worker")
-		burst         = fs.Int("burst", bench.DefaultBurstSize, "IDs one worker asks for back to back (0: no burst)")
-		burstEvery    = fs.Duration("burst-every", bench.DefaultBurstEvery, "interval between bursts")
+		regions       = fs.Int("regions", benchrun.DefaultRegions, "regions (1..4)")
+		workers       = fs.Int("workers", benchrun.DefaultWorkers, "workers (rangeclients) per region (1..256)")
+		rate          = fs.Float64("rate", benchrun.DefaultRate, "target aggregate IDs/s")
+		duration      = fs.Duration("duration", benchrun.DefaultDuration, "paced run time (per point with --sweep)")
+		tick          = fs.Duration("tick", benchrun.DefaultTick, "pacing interval of each worker")
+		burst         = fs.Int("burst", benchrun.DefaultBurstSize, "IDs one worker asks for back to back (0: no burst)")
+		burstEvery    = fs.Duration("burst-every", benchrun.DefaultBurstEvery, "interval between bursts")
 		refill        = fs.Duration("refill-interval", rangeclient.DefaultRefillInterval, "rangeclient RefillInterval (block span)")
 		fixedBlock    = fs.Int("block", 0, "rangeclient block size in linear units (0: adaptive)")
 		prefetch      = fs.Float64("prefetch", clienttune.DefaultPrefetchThreshold, "rangeclient prefetch threshold (0, 1]")
 		rpcTimeout    = fs.Duration("rpc-timeout", clienttune.DefaultRPCTimeout, "rangeclient RPC timeout (each lease/refill call)")
 		failOnErrors  = fs.Bool("fail-on-errors", false, "exit 1 also when Next calls failed (default: only on a verification failure)")
 		etcdPerRegion = fs.Bool("etcd-per-region", false, "one embedded etcd per region instead of one shared")
-		cpuHog        = fs.Int("cpu-hog", 0, fmt.Sprintf("cores a child process keeps busy during the run, to reproduce overload (0..%d; 0: off)", bench.MaxCPUHog()))
+		cpuHog        = fs.Int("cpu-hog", 0, fmt.Sprintf("cores a child process keeps busy during the run, to reproduce overload (0..%d; 0: off)", benchrun.MaxCPUHog()))
 		sweep         = fs.Bool("sweep", false, "run once per block size (--sweep-blocks) and chart the results")
-		sweepBlocks   = fs.String("sweep-blocks", joinInts(bench.DefaultSweepBlocks), "comma-separated block sizes (linear units) for --sweep")
+		sweepBlocks   = fs.String("sweep-blocks", joinInts(benchrun.DefaultSweepBlocks), "comma-separated block sizes (linear units) for --sweep")
 		out           = fs.String("out", "", "with --sweep: directory for sweep.svg, sweep.md, sweep.json")
 		setupTimeout  = fs.Duration("setup-timeout", 2*time.Minute, "bound on starting all clients (per point with --sweep)")
 		logLevel      = fs.String("log", "", "log clients and services to stderr at this level (debug, info, warn, error); default off")
@@ -84,8 +84,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return cli.Usagef("--setup-timeout %v must be positive", *setupTimeout)
 	case *rpcTimeout <= 0:
 		return cli.Usagef("--rpc-timeout %v must be positive", *rpcTimeout)
-	case *cpuHog < 0 || *cpuHog > bench.MaxCPUHog():
-		return cli.Usagef("--cpu-hog %d not in 0..%d cores", *cpuHog, bench.MaxCPUHog())
+	case *cpuHog < 0 || *cpuHog > benchrun.MaxCPUHog():
+		return cli.Usagef("--cpu-hog %d not in 0..%d cores", *cpuHog, benchrun.MaxCPUHog())
 	}
 	if *out != "" && !*sweep {
 		return cli.Usagef("--out is only used with --sweep")
@@ -98,7 +98,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
 	}
-	cfg := bench.Config{
+	cfg := benchrun.Config{
 		Logger:            logger,
 		Regions:           *regions,
 		Workers:           *workers,
@@ -107,25 +107,16 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		Tick:              *tick,
 		BurstSize:         *burst,
 		BurstEvery:        *burstEvery,
-		NoBurst:           *burst == 0,
 		EtcdPerRegion:     *etcdPerRegion,
 		CPUHog:            *cpuHog,
 		SetupTimeout:      *setupTimeout,
 		Progress:          stderr,
-		Client:            rangeclient.Config{RefillInterval: *refill},
+		RefillInterval:    *refill,
 		FixedBlock:        *fixedBlock,
 		PrefetchThreshold: *prefetch,
 		RPCTimeout:        *rpcTimeout,
 	}
-	if cfg.NoBurst {
-		cfg.BurstSize = 1 // unused; keeps validation simple
-	}
 	if err := cfg.Validate(); err != nil {
-		return cli.UsageError{Err: err}
-	}
-	tuned := clienttune.With(cfg.Client, clienttune.Tuning{FixedBlock: cfg.FixedBlock,
-		PrefetchThreshold: cfg.PrefetchThreshold, RPCTimeout: cfg.RPCTimeout})
-	if err := tuned.Validate(); err != nil && !isOnlyTargetError(tuned) {
 		return cli.UsageError{Err: err}
 	}
 	if *sweep {
@@ -137,7 +128,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return cli.Usagef("--block and --sweep are exclusive (the sweep sets the block)")
 		}
 		start := time.Now()
-		sr, err := bench.Sweep(ctx, cfg, blocks)
+		sr, err := benchrun.Sweep(ctx, cfg, blocks)
 		if err != nil {
 			return err
 		}
@@ -156,7 +147,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(stderr, "bench: sweep finished in %v\n", time.Since(start).Round(time.Second))
 		return sr.Err() // verification failures only: tiny blocks are expected to fail calls
 	}
-	rep, err := bench.Run(ctx, cfg)
+	rep, err := benchrun.Run(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -176,14 +167,6 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(stderr, "bench: WARNING: %v (the IDs minted verified; --fail-on-errors makes this exit 1)\n", err)
 	}
 	return nil
-}
-
-// isOnlyTargetError: the base client config has no Targets yet (bench
-// fills them in per worker), so "Targets or Allocator required" is expected;
-// any other field error is the user's.
-func isOnlyTargetError(c rangeclient.Config) bool {
-	c.Targets = []string{"127.0.0.1:1"}
-	return c.Validate() == nil
 }
 
 func parseInts(s string) ([]int, error) {

@@ -6,16 +6,11 @@ import (
 	"io"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/idrange/idrange/compare"
 	"github.com/idrange/idrange/internal/server/cli"
-	"github.com/idrange/idrange/internal/server/service"
-	"github.com/idrange/idrange/internal/testing/localregion"
-	"github.com/idrange/idrange/rangeclient"
-	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/internal/testing/comparerun"
 )
 
 const compareUsage = `usage: rangesvc compare [flags]
@@ -45,12 +40,12 @@ flags:`
 func runCompare(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newReportFlags("compare", compareUsage, stderr)
 	var (
-		duration   = fs.Duration("duration", compare.DefaultDuration, "time per strategy (half at 1 goroutine, half at --goroutines)")
+		duration   = fs.Duration("duration", comparerun.DefaultDuration, "time per strategy (half at 1 goroutine, half at --goroutines)")
 		ids        = fs.Int64("ids", 0, "also stop each phase after this many IDs (0: duration only)")
-		goroutines = fs.Int("goroutines", compare.DefaultGoroutines, "goroutines of the concurrent phase")
-		batch      = fs.String("batch", fmt.Sprintf("%d-%d", compare.DefaultBatchMin, compare.DefaultBatchMax), "IDs per call: N or MIN-MAX (uniform)")
+		goroutines = fs.Int("goroutines", comparerun.DefaultGoroutines, "goroutines of the concurrent phase")
+		batch      = fs.String("batch", fmt.Sprintf("%d-%d", comparerun.DefaultBatchMin, comparerun.DefaultBatchMax), "IDs per call: N or MIN-MAX (uniform)")
 		strategies = fs.String("strategies", strings.Join(defaultStrategyNames(), ","), "comma-separated strategies to run, in order")
-		verifyMax  = fs.Int("verify-max", compare.DefaultVerifyMax, "IDs kept per strategy for the uniqueness check")
+		verifyMax  = fs.Int("verify-max", comparerun.DefaultVerifyMax, "IDs kept per strategy for the uniqueness check")
 		seed       = fs.Uint64("seed", 1, "seed of the batch-size sequence")
 	)
 	if err := fs.parse(args); err != nil {
@@ -72,11 +67,11 @@ func runCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return cli.UsageError{Err: err}
 	}
-	strats, err := compare.ByName(cli.SplitList(*strategies))
+	strats, err := comparerun.ByName(cli.SplitList(*strategies))
 	if err != nil {
 		return cli.UsageError{Err: err}
 	}
-	cfg := compare.Config{
+	cfg := comparerun.Config{
 		Strategies: strats,
 		Duration:   *duration,
 		IDs:        *ids,
@@ -87,28 +82,10 @@ func runCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		Seed:       *seed,
 		Progress:   stderr,
 	}
-	needRegion := false
-	for _, s := range strats {
-		needRegion = needRegion || s.Info().NeedsRegion
-	}
-	if needRegion {
-		cfg.Region = &regionPlaceholder{} // for validation only
-	}
 	if err := cfg.Validate(); err != nil {
 		return cli.UsageError{Err: err}
 	}
-	if needRegion {
-		fmt.Fprintln(stderr, "compare: starting an in-process region 0 (embedded etcd with fsync, rangesvc on 127.0.0.1)")
-		start := time.Now()
-		r, err := localregion.Start(ctx, localregion.Config{Region: 0, NextMinter: nextMinter})
-		if err != nil {
-			return errors.Wrap(err, "start the in-process region")
-		}
-		defer r.Close()
-		fmt.Fprintf(stderr, "compare: region ready at %s in %v\n", r.Addr(), time.Since(start).Round(time.Millisecond))
-		cfg.Region = r
-	}
-	rep, err := compare.Run(ctx, cfg)
+	rep, err := comparerun.RunWithRegion(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -120,21 +97,10 @@ func runCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 func defaultStrategyNames() []string {
 	var out []string
-	for _, s := range compare.Default() {
+	for _, s := range comparerun.Default() {
 		out = append(out, s.Info().Name)
 	}
 	return out
-}
-
-// regionPlaceholder satisfies compare.Region so flags can be validated
-// before etcd is started; it is never used to run.
-type regionPlaceholder struct{}
-
-func (*regionPlaceholder) RegionID() int      { return 0 }
-func (*regionPlaceholder) Addr() string       { return "" }
-func (*regionPlaceholder) EtcdWrites() uint64 { return 0 }
-func (*regionPlaceholder) EnableNext(context.Context) (func() error, error) {
-	return nil, errors.New("placeholder region")
 }
 
 // parseBatch reads "N" or "MIN-MAX".
@@ -154,10 +120,4 @@ func parseBatch(s string) (int, int, error) {
 		return 0, 0, errors.Newf("--batch %q: need 1 <= MIN <= MAX <= 4096", s)
 	}
 	return a, b, nil
-}
-
-// nextMinter serves the region's Next RPC as rangesvc serve does: a
-// rangeclient over the region's own store.
-func nextMinter(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error) {
-	return rangeclient.New(ctx, rangeclient.Config{Allocator: a, Region: region, Owner: "rangesvc/next-rpc"})
 }

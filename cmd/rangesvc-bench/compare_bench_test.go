@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idrange/idrange/compare"
 	"github.com/idrange/idrange/internal/server/cli"
+	"github.com/idrange/idrange/internal/testing/comparerun"
 )
 
 func TestCompareAndBenchUsage(t *testing.T) {
@@ -40,7 +40,7 @@ func TestCompareLocalJSON(t *testing.T) {
 	if code != cli.ExitOK {
 		t.Fatalf("exit %d, stderr %s", code, errs)
 	}
-	var rep compare.Report
+	var rep comparerun.Report
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("stdout is not the JSON report: %v\n%s", err, out)
 	}
@@ -53,7 +53,7 @@ func TestCompareLocalJSON(t *testing.T) {
 }
 
 // The help names every built-in strategy, so it cannot fall behind
-// compare.Default.
+// comparerun.Default.
 func TestCompareUsageListsStrategies(t *testing.T) {
 	for _, name := range defaultStrategyNames() {
 		if !strings.Contains(compareUsage, "\n  "+name+" ") {
@@ -69,7 +69,7 @@ func TestComparePeersJSON(t *testing.T) {
 	if code != cli.ExitOK {
 		t.Fatalf("exit %d, stderr %s", code, errs)
 	}
-	var rep compare.Report
+	var rep comparerun.Report
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("stdout is not the JSON report: %v\n%s", err, out)
 	}

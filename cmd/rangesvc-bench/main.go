@@ -10,7 +10,7 @@
 //
 // A hidden third subcommand, `rangesvc-bench cpu-hog --cores N`, is the
 // child process `bench --cpu-hog N` starts to keep N cores busy
-// (bench.HogMain); it is not meant to be run by hand.
+// (benchrun.HogMain); it is not meant to be run by hand.
 //
 // Exit codes: 0 success, 1 runtime failure, 2 bad usage. Errors go to
 // stderr; stdout carries only the command's output.
@@ -22,8 +22,8 @@ import (
 	"io"
 	"os"
 
-	"github.com/idrange/idrange/bench"
 	"github.com/idrange/idrange/internal/server/cli"
+	"github.com/idrange/idrange/internal/testing/benchrun"
 )
 
 // prog is the name the measurement commands report under: they are the
@@ -36,8 +36,8 @@ var commands = map[string]cli.Command{
 }
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == bench.HogSubcommand {
-		if err := bench.HogMain(os.Args[2:], os.Stdin, os.Stdout); err != nil {
+	if len(os.Args) > 1 && os.Args[1] == benchrun.HogSubcommand {
+		if err := benchrun.HogMain(os.Args[2:], os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(cli.ExitFailure)
 		}

@@ -43,7 +43,7 @@ func (f reportFlags) parse(args []string) error {
 }
 
 // writableReport is a report that prints itself both ways
-// (bench.Report, bench.SweepReport, compare.Report).
+// (benchrun.Report, benchrun.SweepReport, comparerun.Report).
 type writableReport interface {
 	WriteMarkdown(io.Writer) error
 	WriteJSON(io.Writer) error

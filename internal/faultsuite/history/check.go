@@ -9,7 +9,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/idrange/idrange/internal/testing/idcheck"
+	"github.com/idrange/idrange/internal/testing/measure"
 	"github.com/idrange/idrange/internal/testing/overlap"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -358,8 +358,8 @@ func (c *checker) checkIDs(hs []*History) error {
 	for _, r := range c.cfg.Replies {
 		replyIDs += len(r.IDs)
 	}
-	ic, err := idcheck.New(idcheck.Config{
-		Expect:      idcheck.Codes([]int{c.cfg.Region}, snowflake.MaxWorker+1),
+	ic, err := measure.NewChecker(measure.CheckConfig{
+		Expect:      measure.Codes([]int{c.cfg.Region}, snowflake.MaxWorker+1),
 		NotBefore:   c.cfg.NotBefore,
 		NotAfter:    c.cfg.NotAfter,
 		MaxExamples: c.cfg.MaxExamples,
@@ -404,7 +404,7 @@ func (c *checker) checkIDs(hs []*History) error {
 // whereDuplicated names, for each example duplicate, every call that
 // handed it out (process or reply source, and when the call returned, from
 // the earliest history's start), so a report shows which paths collided.
-func (c *checker) whereDuplicated(hs []*History, dups []idcheck.Duplicate) {
+func (c *checker) whereDuplicated(hs []*History, dups []measure.Duplicate) {
 	where := make(map[int64][]string, len(dups))
 	for _, d := range dups {
 		where[d.ID] = nil

@@ -38,7 +38,7 @@
 //     Next or HTTP, minted by a client no history records), every ID
 //     positive, of the region's codes, with a timestamp inside the run's
 //     window. Every ID that left the system goes through one exact,
-//     sort-based duplicate check (internal/testing/idcheck); a duplicate is
+//     sort-based duplicate check (internal/testing/measure); a duplicate is
 //     reported with every call that handed it out.
 //   - Per-client order: within one process, the IDs of one code strictly
 //     increase in the order they were handed out.

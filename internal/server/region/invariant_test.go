@@ -12,9 +12,9 @@ import (
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/server/store/etcdstore"
-	"github.com/idrange/idrange/internal/testing/idcheck"
 	"github.com/idrange/idrange/internal/testing/localregion"
 	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
+	"github.com/idrange/idrange/internal/testing/measure"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -152,7 +152,7 @@ func TestLoweredHighWaterMarkIsRefused(t *testing.T) {
 	if s := c.Stats(); s.Overlaps != 0 {
 		t.Fatalf("the client received %d overlapping blocks; the replica must refuse the code first", s.Overlaps)
 	}
-	chk, err := idcheck.New(idcheck.Config{NotBefore: start, NotAfter: time.Now().Add(time.Minute)})
+	chk, err := measure.NewChecker(measure.CheckConfig{NotBefore: start, NotAfter: time.Now().Add(time.Minute)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,7 @@ import (
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/service"
 	"github.com/idrange/idrange/internal/server/store"
-	"github.com/idrange/idrange/internal/testing/hdr"
+	"github.com/idrange/idrange/internal/testing/measure"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -232,7 +232,7 @@ type Region struct {
 	txns    atomic.Uint64 // write Txns sent to etcd, across Restart
 
 	latMu sync.Mutex
-	lat   map[string]*hdr.Histogram // server-side latency per RPC method
+	lat   map[string]*measure.Histogram // server-side latency per RPC method
 
 	mu        sync.Mutex
 	rep       *region.Replica // nil while stopped
@@ -250,7 +250,7 @@ func Start(ctx context.Context, cfg Config) (*Region, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	r := &Region{cfg: cfg, etcd: cfg.Etcd, count: &counter{}, lat: map[string]*hdr.Histogram{}}
+	r := &Region{cfg: cfg, etcd: cfg.Etcd, count: &counter{}, lat: map[string]*measure.Histogram{}}
 	ok := false
 	defer func() {
 		if !ok {
@@ -326,7 +326,7 @@ func (r *Region) timeRPC(ctx context.Context, req any, info *grpc.UnaryServerInf
 	r.latMu.Lock()
 	h := r.lat[m]
 	if h == nil {
-		h = hdr.New()
+		h = measure.NewHistogram()
 		r.lat[m] = h
 	}
 	h.Record(d)
@@ -336,12 +336,12 @@ func (r *Region) timeRPC(ctx context.Context, req any, info *grpc.UnaryServerInf
 
 // RPCLatency returns a copy of the server-side latency histogram of each
 // RPC method served so far ("AllocateBlock", "RenewLease", ...).
-func (r *Region) RPCLatency() map[string]*hdr.Histogram {
+func (r *Region) RPCLatency() map[string]*measure.Histogram {
 	r.latMu.Lock()
 	defer r.latMu.Unlock()
-	out := make(map[string]*hdr.Histogram, len(r.lat))
+	out := make(map[string]*measure.Histogram, len(r.lat))
 	for m, h := range r.lat {
-		c := hdr.New()
+		c := measure.NewHistogram()
 		c.Merge(h)
 		out[m] = c
 	}

@@ -8,31 +8,10 @@ import (
 )
 
 // knownInternalOffenders are the exported features of the public packages
-// that name an internal type today: bench's and compare's reports, which
-// are being reduced to plain types of their own (issue 26).
-//
-// MERGE: this list is temporary. Empty it when the benchmark API no longer
-// names internal types; TestNoExportedSignatureNamesAnInternalType fails
-// on every entry that no longer matches a feature, so it cannot outlive
-// the offenders, and on every offender not listed here.
-var knownInternalOffenders = []string{
-	"pkg bench, type Burst struct, Duration internal/testing/hdr.Summary",
-	"pkg bench, type Burst struct, Latency internal/testing/hdr.Summary",
-	"pkg bench, type Config struct, Store internal/server/store.Config",
-	"pkg bench, type Dur = internal/testing/report.Dur",
-	"pkg bench, type Report struct, Latency internal/testing/hdr.Summary",
-	"pkg bench, type Report struct, Machine internal/testing/machine.Info",
-	"pkg bench, type Report struct, ServerLatency map[string]internal/testing/hdr.Summary",
-	"pkg bench, type Report struct, Store internal/testing/localregion.Counts",
-	"pkg bench, type Report struct, TickLateness internal/testing/hdr.Summary",
-	"pkg bench, type SweepReport struct, Machine internal/testing/machine.Info",
-	"pkg bench, type VerifySummary struct, DuplicateExamples []internal/testing/idcheck.Duplicate",
-	"pkg bench, type VerifySummary struct, MissingCodes []internal/testing/idcheck.Code",
-	"pkg bench, type VerifySummary struct, OutOfRangeExamples []internal/testing/idcheck.Bad",
-	"pkg compare, type Dur = internal/testing/report.Dur",
-	"pkg compare, type Phase struct, Latency internal/testing/hdr.Summary",
-	"pkg compare, type Report struct, Machine internal/testing/machine.Info",
-}
+// allowed to name an internal type: none. TestNoExportedSignatureNamesAnInternalType
+// fails on every offender not listed here, and on every entry that no
+// longer matches a feature, so an entry cannot outlive its offender.
+var knownInternalOffenders = []string{}
 
 // internalPath matches a package path with an "internal" element followed
 // by the name of one of its types, as a feature line prints it: this

@@ -1,4 +1,4 @@
-package compare
+package comparerun
 
 import (
 	"bytes"
@@ -16,7 +16,7 @@ import (
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/server/wire"
-	"github.com/idrange/idrange/internal/testing/rpccount"
+	"github.com/idrange/idrange/internal/testing/measure"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -91,7 +91,7 @@ type Calls struct {
 	Calls, SentBytes, RecvBytes uint64
 }
 
-func callsOf(c *rpccount.Counter) Calls {
+func callsOf(c *measure.RPCCounter) Calls {
 	s := c.Snapshot()
 	return Calls{Calls: s.Calls, SentBytes: s.SentBytes, RecvBytes: s.RecvBytes}
 }
@@ -249,11 +249,11 @@ func (s *uuidSet) check() (checked, dups int64) {
 // ---- network strategies ----
 
 // dialCounted connects to the region's service with a call counter.
-func dialCounted(env Env) (*grpc.ClientConn, *rpccount.Counter, error) {
+func dialCounted(env Env) (*grpc.ClientConn, *measure.RPCCounter, error) {
 	if env.Region == nil {
 		return nil, nil, errors.New("compare: no region")
 	}
-	cnt := &rpccount.Counter{}
+	cnt := &measure.RPCCounter{}
 	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cnt.DialOptions()...)
 	cc, err := grpc.NewClient(env.Region.Addr(), opts...)
 	if err != nil {
@@ -274,7 +274,7 @@ func Buffered(base rangeclient.Config) Strategy {
 		if env.Region == nil {
 			return nil, errors.New("compare: buffered needs a region")
 		}
-		cnt := &rpccount.Counter{}
+		cnt := &measure.RPCCounter{}
 		cfg := base
 		cfg.Targets = []string{env.Region.Addr()}
 		cfg.Region = env.Region.RegionID()
@@ -294,7 +294,7 @@ func Buffered(base rangeclient.Config) Strategy {
 
 type bufferedInstance struct {
 	c   *rangeclient.Client
-	cnt *rpccount.Counter
+	cnt *measure.RPCCounter
 }
 
 func (b *bufferedInstance) Worker() Worker { return bufferedWorker{b.c} }
@@ -333,7 +333,7 @@ func PerIDRPC() Strategy {
 
 type perIDInstance struct {
 	cc   *grpc.ClientConn
-	cnt  *rpccount.Counter
+	cnt  *measure.RPCCounter
 	c    idrangev1.RangeServiceClient
 	stop func() error
 }
@@ -397,7 +397,7 @@ func SegmentPerCall() Strategy {
 
 type segmentInstance struct {
 	cc    *grpc.ClientConn
-	cnt   *rpccount.Counter
+	cnt   *measure.RPCCounter
 	a     segment.Allocator
 	lease segment.Lease
 	done  chan struct{}

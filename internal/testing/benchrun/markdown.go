@@ -1,4 +1,4 @@
-package bench
+package benchrun
 
 import (
 	"fmt"
@@ -7,14 +7,14 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idrange/idrange/internal/testing/report"
+	"github.com/idrange/idrange/internal/testing/measure"
 )
 
 // WriteJSON writes the report as indented JSON.
-func (r *Report) WriteJSON(w io.Writer) error { return report.WriteJSON(w, r) }
+func (r *Report) WriteJSON(w io.Writer) error { return measure.WriteJSON(w, r) }
 
 // WriteJSON writes the sweep as indented JSON.
-func (s *SweepReport) WriteJSON(w io.Writer) error { return report.WriteJSON(w, s) }
+func (s *SweepReport) WriteJSON(w io.Writer) error { return measure.WriteJSON(w, s) }
 
 // WriteMarkdown writes the report as a two-column Markdown table.
 func (r *Report) WriteMarkdown(w io.Writer) error {
@@ -22,7 +22,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	f := r.Fleet
 	fmt.Fprintf(&b, "Machine: %s. Started %s.\n\n", r.Machine, r.Started.Format(time.RFC3339))
 	fmt.Fprintf(&b, "Fleet: %d region(s) × %d workers = %d rangeclients over loopback gRPC, %s; target %s IDs/s (%.0f per worker, tick %v), %v",
-		f.Regions, f.Workers, f.Regions*f.Workers, f.Etcd, report.SI(f.TargetRate), f.PerWorkerRate, time.Duration(f.Tick), time.Duration(f.Duration))
+		f.Regions, f.Workers, f.Regions*f.Workers, f.Etcd, measure.SI(f.TargetRate), f.PerWorkerRate, time.Duration(f.Tick), time.Duration(f.Duration))
 	if f.FixedBlock > 0 {
 		fmt.Fprintf(&b, ", fixed block %d units (%s of span)", f.FixedBlock, spanString(f.FixedBlock))
 	} else {
@@ -40,19 +40,19 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		reached = "**target NOT reached on this machine**"
 	}
 	el := time.Duration(r.Elapsed).Seconds()
-	row("achieved rate (paced IDs returned within the window / window)", "%s IDs/s (%.1f%% of %s; %s)", report.SI(r.AchievedRate), 100*r.AchievedRate/f.TargetRate, report.SI(f.TargetRate), reached)
+	row("achieved rate (paced IDs returned within the window / window)", "%s IDs/s (%.1f%% of %s; %s)", measure.SI(r.AchievedRate), 100*r.AchievedRate/f.TargetRate, measure.SI(f.TargetRate), reached)
 	row("schedule kept", "%.2f%% of the %.0f IDs owed by the end; the last worker finished %v after the end",
 		100*r.ScheduleKept, f.TargetRate*time.Duration(f.Duration).Seconds(), (time.Duration(r.Elapsed) - time.Duration(f.Duration)).Round(time.Millisecond))
-	row("IDs minted", "%d in %v (%d of them in bursts; %s IDs/s in all)", r.IDs, time.Duration(r.Elapsed).Round(time.Millisecond), r.BurstIDs, report.SI(r.TotalRate))
+	row("IDs minted", "%d in %v (%d of them in bursts; %s IDs/s in all)", r.IDs, time.Duration(r.Elapsed).Round(time.Millisecond), r.BurstIDs, measure.SI(r.TotalRate))
 	row("CPU used by this process", "%.2f cores (of %d; the host's load average was %s at start)", r.CPUCores, r.Machine.NumCPU, r.Machine.LoadAvg)
 	if r.HogProblem != "" {
 		row("CPU hog", "**%s**", r.HogProblem)
 	}
-	row("latency per ID", "p50 %s · p99 %s · p99.9 %s · max %s", report.Latency(r.Latency.P50), report.Latency(r.Latency.P99), report.Latency(r.Latency.P999), report.Latency(r.Latency.Max))
-	row("tick lateness (machine keeping up?)", "p50 %s · p99 %s · max %s", report.Latency(r.TickLateness.P50), report.Latency(r.TickLateness.P99), report.Latency(r.TickLateness.Max))
+	row("latency per ID", "p50 %s · p99 %s · p99.9 %s · max %s", measure.Latency(r.Latency.P50), measure.Latency(r.Latency.P99), measure.Latency(r.Latency.P999), measure.Latency(r.Latency.Max))
+	row("tick lateness (machine keeping up?)", "p50 %s · p99 %s · max %s", measure.Latency(r.TickLateness.P50), measure.Latency(r.TickLateness.P99), measure.Latency(r.TickLateness.Max))
 	if r.Burst.Size > 0 {
 		row(fmt.Sprintf("burst: %d IDs back to back, one worker", r.Burst.Size), "%d bursts, %d within 1 ms; duration p50 %s · max %s; per ID p99.9 %s",
-			r.Burst.Count, r.Burst.WithinBudget, report.Latency(r.Burst.Duration.P50), report.Latency(r.Burst.Duration.Max), report.Latency(r.Burst.Latency.P999))
+			r.Burst.Count, r.Burst.WithinBudget, measure.Latency(r.Burst.Duration.P50), measure.Latency(r.Burst.Duration.Max), measure.Latency(r.Burst.Latency.P999))
 	}
 	row("refills (blocks granted to clients)", "%d (%.0f/s); refill errors %d; backpressure %d", r.Refills, float64(r.Refills)/el, r.RefillErrors, r.Backpressure)
 	row("stalls (Next waited for a block)", "%d", r.Stalls)
@@ -69,7 +69,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	sort.Strings(methods)
 	for _, m := range methods {
 		l := r.ServerLatency[m]
-		row("service time of "+m, "%d calls · p50 %s · p99 %s · p99.9 %s · max %s", l.Count, report.Latency(l.P50), report.Latency(l.P99), report.Latency(l.P999), report.Latency(l.Max))
+		row("service time of "+m, "%d calls · p50 %s · p99 %s · p99.9 %s · max %s", l.Count, measure.Latency(l.P50), measure.Latency(l.P99), measure.Latency(l.P999), measure.Latency(l.Max))
 	}
 	row("failed Next calls", "%d%s", r.Errors, firstErr(r.FirstError))
 	row("leases replaced (lost, then re-acquired)", "%d", r.LeaseChanges)

@@ -1,4 +1,4 @@
-package bench
+package benchrun
 
 import (
 	"context"
@@ -17,8 +17,7 @@ import (
 	"gonum.org/v1/plot/vg/vgimg"
 	"gonum.org/v1/plot/vg/vgsvg"
 
-	"github.com/idrange/idrange/internal/testing/machine"
-	"github.com/idrange/idrange/internal/testing/report"
+	"github.com/idrange/idrange/internal/testing/measure"
 	"github.com/idrange/idrange/segment"
 )
 
@@ -44,9 +43,9 @@ type SweepPoint struct {
 
 // SweepReport is the outcome of a Sweep.
 type SweepReport struct {
-	Machine machine.Info `json:"machine"`
-	Started time.Time    `json:"started"`
-	Points  []SweepPoint `json:"points"`
+	Machine measure.Machine `json:"machine"`
+	Started time.Time       `json:"started"`
+	Points  []SweepPoint    `json:"points"`
 }
 
 // Err is the first point's failure, if any.
@@ -70,10 +69,7 @@ func Sweep(ctx context.Context, cfg Config, blocks []int) (*SweepReport, error) 
 	if len(blocks) == 0 {
 		blocks = DefaultSweepBlocks
 	}
-	maxBlock := segment.DefaultMaxBlock
-	if cfg.Store.Policy.MaxBlock > 0 {
-		maxBlock = cfg.Store.Policy.MaxBlock
-	}
+	maxBlock := segment.DefaultMaxBlock // the regions run the default policy
 	for _, b := range blocks {
 		if b < 1 || int64(b) > maxBlock {
 			return nil, errors.Newf("bench: sweep block %d not in 1..%d", b, maxBlock)
@@ -89,7 +85,7 @@ func Sweep(ctx context.Context, cfg Config, blocks []int) (*SweepReport, error) 
 		return nil, err
 	}
 	defer env.Close()
-	sr := &SweepReport{Machine: machine.Current(), Started: time.Now().UTC()}
+	sr := &SweepReport{Machine: measure.CurrentMachine(), Started: time.Now().UTC()}
 	for _, b := range blocks {
 		pc := cfg
 		pc.FixedBlock = b
@@ -130,7 +126,7 @@ func (s *SweepReport) WriteMarkdown(w io.Writer) error {
 	if r := s.first(); r != nil {
 		f := r.Fleet
 		fmt.Fprintf(&b, "Fleet per point: %d region(s) × %d workers, target %s IDs/s, %v each, %s",
-			f.Regions, f.Workers, report.SI(f.TargetRate), time.Duration(f.Duration), f.Etcd)
+			f.Regions, f.Workers, measure.SI(f.TargetRate), time.Duration(f.Duration), f.Etcd)
 		if f.CPUHog > 0 {
 			fmt.Fprintf(&b, ", CPU hog: %d busy core(s) in a child process", f.CPUHog)
 		}
@@ -145,9 +141,9 @@ func (s *SweepReport) WriteMarkdown(w io.Writer) error {
 			continue
 		}
 		fmt.Fprintf(&b, "| %d | %s | %s | %.1f%% | %s | %s | %s | %s | %d | %d | %d | %.0f | %d | %s | %d |\n",
-			p.Block, spanString(p.Block), report.SI(r.AchievedRate), 100*r.AchievedRate/r.Fleet.TargetRate,
-			report.Latency(r.Latency.P50), report.Latency(r.Latency.P99), report.Latency(r.Latency.P999), report.Latency(r.Latency.Max),
-			r.Refills, r.Stalls, r.SlowCalls, r.EtcdWritesPerSec, r.Errors, report.SI(float64(r.Verify.Checked)), r.Verify.Duplicates)
+			p.Block, spanString(p.Block), measure.SI(r.AchievedRate), 100*r.AchievedRate/r.Fleet.TargetRate,
+			measure.Latency(r.Latency.P50), measure.Latency(r.Latency.P99), measure.Latency(r.Latency.P999), measure.Latency(r.Latency.Max),
+			r.Refills, r.Stalls, r.SlowCalls, r.EtcdWritesPerSec, r.Errors, measure.SI(float64(r.Verify.Checked)), r.Verify.Duplicates)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

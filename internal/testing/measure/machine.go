@@ -1,7 +1,8 @@
-// Package machine describes the host a measurement ran on, so every table
+// This file describes the host a measurement ran on, so every table
 // compare and bench print says what produced it (a figure without its
 // machine is not reproducible).
-package machine
+
+package measure
 
 import (
 	"bufio"
@@ -13,23 +14,23 @@ import (
 	"time"
 )
 
-// Info is the part of the host that explains a throughput figure.
-type Info struct {
+// Machine is the part of the host that explains a throughput figure.
+type Machine struct {
 	CPUModel   string `json:"cpu_model"`
 	NumCPU     int    `json:"num_cpu"`
 	GOMAXPROCS int    `json:"gomaxprocs"`
 	GOOS       string `json:"goos"`
 	GOARCH     string `json:"goarch"`
 	GoVersion  string `json:"go_version"`
-	// LoadAvg is /proc/loadavg's 1-minute figure when Current was called:
+	// LoadAvg is /proc/loadavg's 1-minute figure when CurrentMachine was called:
 	// above NumCPU means other work competed for the CPUs.
 	LoadAvg string `json:"load_avg_1m"`
 }
 
-// Current reads the host's Info. The CPU model comes from /proc/cpuinfo
+// CurrentMachine reads the host's Machine. The CPU model comes from /proc/cpuinfo
 // ("unknown" where that file does not exist).
-func Current() Info {
-	return Info{
+func CurrentMachine() Machine {
+	return Machine{
 		CPUModel:   cpuModel(),
 		NumCPU:     runtime.NumCPU(),
 		GOMAXPROCS: runtime.GOMAXPROCS(0),
@@ -41,7 +42,7 @@ func Current() Info {
 }
 
 // String is a one-line description for a report header.
-func (i Info) String() string {
+func (i Machine) String() string {
 	return fmt.Sprintf("%s, %d CPU (GOMAXPROCS %d), %s/%s, %s, load average %s at start",
 		i.CPUModel, i.NumCPU, i.GOMAXPROCS, i.GOOS, i.GOARCH, i.GoVersion, i.LoadAvg)
 }

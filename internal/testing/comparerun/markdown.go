@@ -1,4 +1,4 @@
-package compare
+package comparerun
 
 import (
 	"fmt"
@@ -6,11 +6,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idrange/idrange/internal/testing/report"
+	"github.com/idrange/idrange/internal/testing/measure"
 )
 
 // WriteJSON writes the report as indented JSON.
-func (r *Report) WriteJSON(w io.Writer) error { return report.WriteJSON(w, r) }
+func (r *Report) WriteJSON(w io.Writer) error { return measure.WriteJSON(w, r) }
 
 // WriteMarkdown writes the report as Markdown: a throughput and latency
 // table (one row per strategy and goroutine count), a cost and properties
@@ -32,8 +32,8 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 				continue
 			}
 			fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d | %s | %s | %s | %s |\n",
-				res.Name, ph.Goroutines, report.SI(ph.IDsPerSec), ratioStr(ratio), report.SI(float64(ph.Calls)), ph.Waits,
-				report.Latency(ph.Latency.P50), report.Latency(ph.Latency.P99), report.Latency(ph.Latency.P999), report.Latency(ph.Latency.Max))
+				res.Name, ph.Goroutines, measure.SI(ph.IDsPerSec), ratioStr(ratio), measure.SI(float64(ph.Calls)), ph.Waits,
+				measure.Latency(ph.Latency.P50), measure.Latency(ph.Latency.P99), measure.Latency(ph.Latency.P999), measure.Latency(ph.Latency.Max))
 		}
 	}
 
@@ -55,20 +55,20 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	local, buf, rpc := r.Result(LocalName), r.Result(BufferedName), r.Result(PerIDRPCName)
 	if local != nil && buf != nil {
 		fmt.Fprintf(&b, "- buffered vs local: %s IDs/s at 1 goroutine, %s at %d; p50 per call %s vs %s. At saturation the IDs/s ratio is the per-code rule, not the hot path: local waited %d times for the next millisecond, buffered ran up to %d ms ahead of the clock (see notes).\n",
-			ratioStr(buf.RatioSingle), ratioStr(buf.RatioMulti), r.Goroutines, report.Latency(buf.Single.Latency.P50), report.Latency(local.Single.Latency.P50),
+			ratioStr(buf.RatioSingle), ratioStr(buf.RatioMulti), r.Goroutines, measure.Latency(buf.Single.Latency.P50), measure.Latency(local.Single.Latency.P50),
 			local.Single.Waits+local.Multi.Waits, max(buf.Single.MaxLeadMs, buf.Multi.MaxLeadMs))
 	}
 	if buf != nil && rpc != nil && buf.Single.IDsPerSec > 0 && buf.Multi.IDsPerSec > 0 {
 		fmt.Fprintf(&b, "- per-ID RPC vs buffered: %s at 1 goroutine, %s at %d (p99 per call %s vs %s).\n",
 			ratioStr(rpc.Single.IDsPerSec/buf.Single.IDsPerSec), ratioStr(rpc.Multi.IDsPerSec/buf.Multi.IDsPerSec),
-			r.Goroutines, report.Latency(rpc.Single.Latency.P99), report.Latency(buf.Single.Latency.P99))
+			r.Goroutines, measure.Latency(rpc.Single.Latency.P99), measure.Latency(buf.Single.Latency.P99))
 	}
 	for _, peer := range []*Result{r.Result(BwmarrinName), r.Result(SonyflakeName)} {
 		if local != nil && peer != nil && peer.Single.IDsPerSec > 0 && peer.Multi.IDsPerSec > 0 {
 			fmt.Fprintf(&b, "- %s vs local: %s at 1 goroutine, %s at %d; p50 per call %s vs %s, p99 %s vs %s.\n",
 				peer.Name, ratioStr(peer.RatioSingle), ratioStr(peer.RatioMulti), r.Goroutines,
-				report.Latency(peer.Single.Latency.P50), report.Latency(local.Single.Latency.P50),
-				report.Latency(peer.Single.Latency.P99), report.Latency(local.Single.Latency.P99))
+				measure.Latency(peer.Single.Latency.P50), measure.Latency(local.Single.Latency.P50),
+				measure.Latency(peer.Single.Latency.P99), measure.Latency(local.Single.Latency.P99))
 		}
 	}
 	b.WriteString(`
@@ -125,7 +125,7 @@ func yesNo(b bool) string {
 
 func checked(v Verify) string {
 	if v.Checked == v.Minted {
-		return fmt.Sprintf("%s (all)", report.SI(float64(v.Checked)))
+		return fmt.Sprintf("%s (all)", measure.SI(float64(v.Checked)))
 	}
-	return fmt.Sprintf("%s of %s", report.SI(float64(v.Checked)), report.SI(float64(v.Minted)))
+	return fmt.Sprintf("%s of %s", measure.SI(float64(v.Checked)), measure.SI(float64(v.Minted)))
 }

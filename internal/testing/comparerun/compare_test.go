@@ -1,4 +1,4 @@
-package compare
+package comparerun
 
 import (
 	"bytes"
@@ -11,12 +11,10 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/idrange/idrange/internal/server/service"
 	"github.com/idrange/idrange/internal/testing/localregion"
 	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
-	"github.com/idrange/idrange/internal/testing/report/reporttest"
+	"github.com/idrange/idrange/internal/testing/measure"
 	"github.com/idrange/idrange/rangeclient"
-	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -26,12 +24,6 @@ var sharedRegion = regiontest.Shared[*localregion.Region]{What: "region",
 	Start: func(ctx context.Context) (*localregion.Region, error) {
 		return localregion.Start(ctx, localregion.Config{Region: 1, NextMinter: nextMinter})
 	}}
-
-// nextMinter serves the Next RPC as rangesvc does: a rangeclient over the
-// region's own store.
-func nextMinter(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error) {
-	return rangeclient.New(ctx, rangeclient.Config{Allocator: a, Region: region, Owner: "rangesvc/next-rpc"})
-}
 
 func TestMain(m *testing.M) { os.Exit(sharedRegion.Main(m)) }
 
@@ -51,7 +43,7 @@ func TestRunAllStrategies(t *testing.T) {
 		t.Fatalf("report error: %v", err)
 	}
 
-	back := reporttest.RoundTrip[Report](t, rep.WriteJSON)
+	back := measure.RoundTrip[Report](t, rep.WriteJSON)
 	want := []string{LocalName, BwmarrinName, SonyflakeName, BufferedName, PerIDRPCName, SegmentPerCallName, UUIDv7Name}
 	if len(back.Results) != len(want) {
 		t.Fatalf("%d results, want %d", len(back.Results), len(want))

@@ -1,4 +1,4 @@
-package idcheck
+package measure
 
 import (
 	"context"
@@ -38,7 +38,7 @@ func mint(t *testing.T, region, worker, n int) []snowflake.ID {
 }
 
 func TestCleanSetPasses(t *testing.T) {
-	c, err := New(Config{Expect: []Code{{1, 2}, {3, 4}}, RequireAll: true,
+	c, err := NewChecker(CheckConfig{Expect: []Code{{1, 2}, {3, 4}}, RequireAll: true,
 		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Minute)})
 	if err != nil {
 		t.Fatal(err)
@@ -69,7 +69,7 @@ func TestCleanSetPasses(t *testing.T) {
 }
 
 func TestPlantedDuplicateIsReported(t *testing.T) {
-	c, err := New(Config{})
+	c, err := NewChecker(CheckConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestPlantedDuplicateIsReported(t *testing.T) {
 
 func TestOutOfRangeIsReported(t *testing.T) {
 	now := time.Now()
-	c, err := New(Config{
+	c, err := NewChecker(CheckConfig{
 		Expect:    []Code{{2, 5}},
 		MaxWorker: 199,
 		NotBefore: now.Add(-time.Minute),
@@ -154,7 +154,7 @@ func contains(s, sub string) bool {
 }
 
 func TestDuplicateTakesPrecedenceAndExamplesAreBounded(t *testing.T) {
-	c, err := New(Config{MaxExamples: 2})
+	c, err := NewChecker(CheckConfig{MaxExamples: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func TestDuplicateTakesPrecedenceAndExamplesAreBounded(t *testing.T) {
 }
 
 func TestMissingCodeAndEmpty(t *testing.T) {
-	c, err := New(Config{Expect: Codes([]int{0, 1}, 2), RequireAll: true})
+	c, err := NewChecker(CheckConfig{Expect: Codes([]int{0, 1}, 2), RequireAll: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,14 +189,14 @@ func TestMissingCodeAndEmpty(t *testing.T) {
 		t.Fatalf("missing %+v", res.MissingCodes)
 	}
 
-	empty, _ := New(Config{})
+	empty, _ := NewChecker(CheckConfig{})
 	if !errors.Is(empty.Check().Err(), ErrNothingChecked) {
 		t.Fatal("an empty check must not pass")
 	}
 }
 
 func TestCheckTwiceAndJSON(t *testing.T) {
-	c, _ := New(Config{})
+	c, _ := NewChecker(CheckConfig{})
 	ids := mint(t, 0, 1, 100)
 	c.Add(ids[:50]...)
 	if r := c.Check(); r.Err() != nil || r.Checked != 50 {
@@ -211,7 +211,7 @@ func TestCheckTwiceAndJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var back Result
+	var back CheckResult
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +221,7 @@ func TestCheckTwiceAndJSON(t *testing.T) {
 }
 
 func TestConfigValidation(t *testing.T) {
-	for name, cfg := range map[string]Config{
+	for name, cfg := range map[string]CheckConfig{
 		"bad code":        {Expect: []Code{{4, 0}}},
 		"bad worker":      {Expect: []Code{{0, 256}}},
 		"require nothing": {RequireAll: true},
@@ -229,7 +229,7 @@ func TestConfigValidation(t *testing.T) {
 		"window":          {NotBefore: time.Now(), NotAfter: time.Now().Add(-time.Second)},
 		"capacity":        {Capacity: -1},
 	} {
-		if _, err := New(cfg); err == nil {
+		if _, err := NewChecker(cfg); err == nil {
 			t.Errorf("%s: config accepted", name)
 		}
 	}
@@ -246,7 +246,7 @@ func BenchmarkCheck10M(b *testing.B) {
 	rand.Shuffle(n, func(i, j int) { base[i], base[j] = base[j], base[i] })
 	for b.Loop() {
 		b.StopTimer()
-		c, _ := New(Config{Capacity: n})
+		c, _ := NewChecker(CheckConfig{Capacity: n})
 		c.AddInt64(base...)
 		b.StartTimer()
 		if r := c.Check(); r.Checked != n {

@@ -1,8 +1,9 @@
-// Package rpccount counts what a gRPC client sends over the network: calls
+// This file counts what a gRPC client sends over the network: calls
 // per method and payload bytes on the wire. The comparison module installs
 // it on each strategy's connection, so "network calls per 1M IDs" is a
 // count, not an estimate.
-package rpccount
+
+package measure
 
 import (
 	"context"
@@ -13,9 +14,9 @@ import (
 	"google.golang.org/grpc/stats"
 )
 
-// Counter accumulates calls and bytes. The zero value is ready; it is safe
+// RPCCounter accumulates calls and bytes. The zero value is ready; it is safe
 // for concurrent use.
-type Counter struct {
+type RPCCounter struct {
 	calls     atomic.Uint64
 	failed    atomic.Uint64
 	sentBytes atomic.Uint64
@@ -25,8 +26,8 @@ type Counter struct {
 	byMethod map[string]uint64
 }
 
-// Snapshot is a point-in-time reading of a Counter.
-type Snapshot struct {
+// RPCSnapshot is a point-in-time reading of an RPCCounter.
+type RPCSnapshot struct {
 	Calls     uint64            `json:"calls"`
 	Failed    uint64            `json:"failed"`
 	SentBytes uint64            `json:"sent_bytes"` // gRPC message bytes incl. 5-byte framing, not HTTP/2 or TCP
@@ -35,8 +36,8 @@ type Snapshot struct {
 }
 
 // Snapshot reads the counter.
-func (c *Counter) Snapshot() Snapshot {
-	s := Snapshot{Calls: c.calls.Load(), Failed: c.failed.Load(), SentBytes: c.sentBytes.Load(), RecvBytes: c.recvBytes.Load()}
+func (c *RPCCounter) Snapshot() RPCSnapshot {
+	s := RPCSnapshot{Calls: c.calls.Load(), Failed: c.failed.Load(), SentBytes: c.sentBytes.Load(), RecvBytes: c.recvBytes.Load()}
 	c.mu.Lock()
 	if len(c.byMethod) > 0 {
 		s.ByMethod = make(map[string]uint64, len(c.byMethod))
@@ -50,14 +51,14 @@ func (c *Counter) Snapshot() Snapshot {
 
 // DialOptions returns the options that feed c: a unary interceptor for
 // calls and a stats handler for wire bytes.
-func (c *Counter) DialOptions() []grpc.DialOption {
+func (c *RPCCounter) DialOptions() []grpc.DialOption {
 	return []grpc.DialOption{
 		grpc.WithChainUnaryInterceptor(c.intercept),
 		grpc.WithStatsHandler(handler{c}),
 	}
 }
 
-func (c *Counter) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+func (c *RPCCounter) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	c.calls.Add(1)
 	c.mu.Lock()
 	if c.byMethod == nil {
@@ -72,7 +73,7 @@ func (c *Counter) intercept(ctx context.Context, method string, req, reply any, 
 	return err
 }
 
-type handler struct{ c *Counter }
+type handler struct{ c *RPCCounter }
 
 func (h handler) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
 func (h handler) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {

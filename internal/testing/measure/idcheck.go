@@ -1,4 +1,4 @@
-// Package idcheck verifies large sets of IDs after the fact: every ID
+// This file verifies large sets of IDs after the fact: every ID
 // unique, every field in range, every (region, worker) code one that was
 // expected.
 //
@@ -8,16 +8,10 @@
 // duplicates. Per-code counts use a fixed array indexed by the 10-bit code,
 // so checking costs one sort plus one linear pass and no allocation per ID.
 //
-// Usage:
-//
-//	c, _ := idcheck.New(idcheck.Config{NotBefore: start, NotAfter: end})
-//	c.Add(ids...)            // from any goroutine, in batches
-//	res := c.Check()
-//	if err := res.Err(); err != nil { ... }  // errors.Is(err, idcheck.ErrDuplicate)
-//
 // A Checker reports, never repairs: examples are kept (a bounded number) so
 // a report can name the offending IDs and decode them.
-package idcheck
+
+package measure
 
 import (
 	"fmt"
@@ -32,7 +26,7 @@ import (
 	"github.com/idrange/idrange/snowflake"
 )
 
-// Sentinel errors of Result.Err, one per kind of failure, so callers (bench
+// Sentinel errors of CheckResult.Err, one per kind of failure, so callers (bench
 // exit status, fault suites) can branch with errors.Is.
 var (
 	// ErrDuplicate: some ID was seen more than once.
@@ -41,13 +35,13 @@ var (
 	// this run: not positive, timestamp outside the allowed window, worker
 	// above the allowed maximum, or a (region, worker) code not expected.
 	ErrOutOfRange = errors.New("idcheck: id out of range")
-	// ErrMissingCode: a code required by Config.RequireAll minted nothing.
+	// ErrMissingCode: a code required by CheckConfig.RequireAll minted nothing.
 	ErrMissingCode = errors.New("idcheck: expected code minted no id")
 	// ErrNothingChecked: no ID was added; an empty run proves nothing.
 	ErrNothingChecked = errors.New("idcheck: no ids checked")
 )
 
-// DefaultMaxExamples is how many example IDs of each kind a Result keeps.
+// DefaultMaxExamples is how many example IDs of each kind a CheckResult keeps.
 const DefaultMaxExamples = 10
 
 // numCodes is the number of (region, worker) codes of format version 1.
@@ -65,9 +59,9 @@ func (c Code) index() int { return c.Region<<snowflake.WorkerBits | c.Worker }
 
 func codeOf(id int64) int { return int(id>>snowflake.SequenceBits) & (numCodes - 1) }
 
-// Config says what "in range" means for one check. The zero value checks
+// CheckConfig says what "in range" means for one check. The zero value checks
 // uniqueness and positivity only.
-type Config struct {
+type CheckConfig struct {
 	// Expect, when non-empty, is the set of codes allowed to appear: an ID
 	// of any other code is out of range.
 	Expect []Code
@@ -91,22 +85,22 @@ type Config struct {
 }
 
 // Validate reports the first bad field.
-func (c Config) Validate() error {
+func (c CheckConfig) Validate() error {
 	for i, code := range c.Expect {
 		if code.Region < 0 || code.Region > snowflake.MaxRegion || code.Worker < 0 || code.Worker > snowflake.MaxWorker {
-			return errors.Newf("idcheck: Config.Expect[%d] %v is not a valid code (region 0..%d, worker 0..%d)",
+			return errors.Newf("idcheck: CheckConfig.Expect[%d] %v is not a valid code (region 0..%d, worker 0..%d)",
 				i, code, snowflake.MaxRegion, snowflake.MaxWorker)
 		}
 	}
 	switch {
 	case c.RequireAll && len(c.Expect) == 0:
-		return errors.New("idcheck: Config.RequireAll needs Config.Expect")
+		return errors.New("idcheck: CheckConfig.RequireAll needs CheckConfig.Expect")
 	case c.MaxWorker < 0 || c.MaxWorker > snowflake.MaxWorker:
-		return errors.Newf("idcheck: Config.MaxWorker %d not in 0..%d", c.MaxWorker, snowflake.MaxWorker)
+		return errors.Newf("idcheck: CheckConfig.MaxWorker %d not in 0..%d", c.MaxWorker, snowflake.MaxWorker)
 	case !c.NotBefore.IsZero() && !c.NotAfter.IsZero() && c.NotAfter.Before(c.NotBefore):
-		return errors.Newf("idcheck: Config.NotAfter %v is before Config.NotBefore %v", c.NotAfter, c.NotBefore)
+		return errors.Newf("idcheck: CheckConfig.NotAfter %v is before CheckConfig.NotBefore %v", c.NotAfter, c.NotBefore)
 	case c.Capacity < 0:
-		return errors.Newf("idcheck: Config.Capacity %d is negative", c.Capacity)
+		return errors.Newf("idcheck: CheckConfig.Capacity %d is negative", c.Capacity)
 	}
 	return nil
 }
@@ -115,7 +109,7 @@ func (c Config) Validate() error {
 // Check may be called more than once (it sorts the collected IDs in place
 // and leaves them collected).
 type Checker struct {
-	cfg      Config
+	cfg      CheckConfig
 	expected []bool // by code index; nil when any code is allowed
 	minMs    int64
 	maxMs    int64 // inclusive bounds on the timestamp field
@@ -124,8 +118,8 @@ type Checker struct {
 	ids []int64
 }
 
-// New validates cfg and returns an empty Checker.
-func New(cfg Config) (*Checker, error) {
+// NewChecker validates cfg and returns an empty Checker.
+func NewChecker(cfg CheckConfig) (*Checker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -190,8 +184,8 @@ type CodeCount struct {
 	Count int64 `json:"count"`
 }
 
-// Result is the outcome of a check.
-type Result struct {
+// CheckResult is the outcome of a check.
+type CheckResult struct {
 	// Checked is how many IDs were examined (every ID added).
 	Checked int64 `json:"checked"`
 	// Unique is how many distinct values were seen.
@@ -204,8 +198,8 @@ type Result struct {
 	OutOfRange int64 `json:"out_of_range"`
 	// OutOfRangeExamples lists some of them with the rule they broke.
 	OutOfRangeExamples []Bad `json:"out_of_range_examples,omitempty"`
-	// MissingCodes are codes of Config.Expect that minted nothing (only
-	// an error when Config.RequireAll is set).
+	// MissingCodes are codes of CheckConfig.Expect that minted nothing (only
+	// an error when CheckConfig.RequireAll is set).
 	MissingCodes []Code `json:"missing_codes,omitempty"`
 	// Codes counts IDs per code that appeared, sorted by code.
 	Codes []CodeCount `json:"codes,omitempty"`
@@ -218,14 +212,14 @@ type Result struct {
 }
 
 // OK reports whether the check passed (see Err).
-func (r Result) OK() bool { return r.Err() == nil }
+func (r CheckResult) OK() bool { return r.Err() == nil }
 
 // Err is nil when every ID was unique and in range, at least one ID was
 // checked, and (with RequireAll) every expected code appeared. Otherwise it
 // wraps the first applicable sentinel, in order ErrDuplicate,
 // ErrOutOfRange, ErrMissingCode, ErrNothingChecked, with the counts and
 // first examples in the message.
-func (r Result) Err() error {
+func (r CheckResult) Err() error {
 	switch {
 	case r.Duplicates > 0:
 		ex := make([]string, 0, len(r.DuplicateExamples))
@@ -269,12 +263,12 @@ func firstN(s []string, n int) []string {
 
 // Check sorts the collected IDs and checks them. It holds the Checker's
 // lock for the duration (Add waits).
-func (c *Checker) Check() Result {
+func (c *Checker) Check() CheckResult {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	slices.Sort(c.ids)
 	ids := c.ids
-	res := Result{Checked: int64(len(ids)), requireAll: c.cfg.RequireAll}
+	res := CheckResult{Checked: int64(len(ids)), requireAll: c.cfg.RequireAll}
 	var perCode [numCodes]int64
 	minMs, maxMs := int64(-1), int64(-1)
 	for i := 0; i < len(ids); {

@@ -1,4 +1,4 @@
-package bench
+package benchrun
 
 import (
 	"bytes"
@@ -14,9 +14,8 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/idrange/idrange/internal/testing/idcheck"
 	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
-	"github.com/idrange/idrange/internal/testing/report/reporttest"
+	"github.com/idrange/idrange/internal/testing/measure"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -69,7 +68,7 @@ func TestSmallFleet(t *testing.T) {
 	if err := rep.Err(); err != nil {
 		t.Fatalf("report error: %v", err)
 	}
-	back := reporttest.RoundTrip[Report](t, rep.WriteJSON)
+	back := measure.RoundTrip[Report](t, rep.WriteJSON)
 	owed := int64(cfg.Rate * cfg.Duration.Seconds())
 	switch {
 	case back.IDs != back.Verify.Checked:
@@ -108,7 +107,7 @@ func runWithSink(t *testing.T, d time.Duration, sink func(region, worker int, id
 	env := sharedEnv.Get(t)
 	cfg := smallConfig()
 	cfg.Duration = d
-	cfg.NoBurst = true
+	cfg.BurstSize = 0
 	cfg.Sink = sink
 	rep, err := RunOn(context.Background(), env, cfg)
 	if err != nil {
@@ -118,7 +117,7 @@ func runWithSink(t *testing.T, d time.Duration, sink func(region, worker int, id
 }
 
 // The Sink hook plants one duplicate in one worker's stream: the run must
-// report it and fail with ErrVerify / idcheck.ErrDuplicate.
+// report it and fail with ErrVerify / measure.ErrDuplicate.
 func TestPlantedDuplicateFailsTheRun(t *testing.T) {
 	var once sync.Once
 	rep := runWithSink(t, 500*time.Millisecond, func(region, worker int, ids []snowflake.ID) []snowflake.ID {
@@ -131,8 +130,8 @@ func TestPlantedDuplicateFailsTheRun(t *testing.T) {
 		t.Fatalf("verify %+v, want exactly one duplicate", rep.Verify)
 	}
 	err := rep.Err()
-	if !errors.Is(err, ErrVerify) || !errors.Is(err, idcheck.ErrDuplicate) {
-		t.Fatalf("Err = %v, want ErrVerify and idcheck.ErrDuplicate", err)
+	if !errors.Is(err, ErrVerify) || !errors.Is(err, measure.ErrDuplicate) {
+		t.Fatalf("Err = %v, want ErrVerify and measure.ErrDuplicate", err)
 	}
 	var md bytes.Buffer
 	rep.WriteMarkdown(&md)
@@ -163,7 +162,7 @@ func TestOutOfRangeIDFailsTheRun(t *testing.T) {
 				}
 				return ids
 			})
-			if err := rep.Err(); !errors.Is(err, idcheck.ErrOutOfRange) || rep.Verify.OutOfRange != 1 {
+			if err := rep.Err(); !errors.Is(err, measure.ErrOutOfRange) || rep.Verify.OutOfRange != 1 {
 				t.Fatalf("Err = %v, out of range %d; want ErrOutOfRange, 1", err, rep.Verify.OutOfRange)
 			}
 		})
@@ -178,7 +177,7 @@ func TestSweepWritesChart(t *testing.T) {
 	env := sharedEnv.Get(t)
 	cfg := smallConfig()
 	cfg.Duration = 600 * time.Millisecond
-	cfg.NoBurst = true
+	cfg.BurstSize = 0
 	sr := &SweepReport{}
 	for _, b := range []int{409600, 4096000} {
 		pc := cfg

@@ -1,4 +1,4 @@
-package hdr
+package measure
 
 import (
 	"math"
@@ -83,7 +83,7 @@ func TestMergeAndHugeValues(t *testing.T) {
 func TestSubtractLeavesTheLaterObservations(t *testing.T) {
 	var h Histogram
 	h.RecordN(time.Microsecond, 100)
-	before := New()
+	before := NewHistogram()
 	before.Merge(&h)
 	h.RecordN(time.Second, 10)
 	h.Subtract(before)

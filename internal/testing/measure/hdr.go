@@ -1,4 +1,4 @@
-// Package hdr is a small log-linear latency histogram in the style of
+// This file holds a small log-linear latency histogram in the style of
 // HdrHistogram: every power of two is split into 128 linear sub-buckets, so
 // any recorded value is reported within 1/128 (< 0.8%) of its true value,
 // from 1 ns to about 68 s, in a fixed 30 KiB of counters.
@@ -7,7 +7,8 @@
 // time every ID a load generator mints. A Histogram is not safe for
 // concurrent use; give each goroutine its own and Merge them at the end
 // (that is also what keeps the hot path free of shared cache lines).
-package hdr
+
+package measure
 
 import (
 	"math"
@@ -36,8 +37,8 @@ type Histogram struct {
 	max    int64
 }
 
-// New returns an empty histogram.
-func New() *Histogram { return &Histogram{} }
+// NewHistogram returns an empty histogram.
+func NewHistogram() *Histogram { return &Histogram{} }
 
 func index(v int64) int {
 	if v < linearTop {

@@ -1,4 +1,4 @@
-package compare
+package comparerun
 
 import (
 	"context"
@@ -65,10 +65,10 @@ func (b bwmarrinInstance) Mint(_ context.Context, n int, out *Batch) error {
 // 0..65535).
 const SonyflakeMachine = 1
 
-// sonyflakeSettings are sonyflake v2's defaults (39 bits of 10 ms units
+// SonyflakeSettings are sonyflake v2's defaults (39 bits of 10 ms units
 // since 2025-01-01 UTC, an 8-bit sequence, a 16-bit machine ID) with a
 // static machine ID instead of the low 16 bits of a private IP address.
-func sonyflakeSettings() sonyflake.Settings {
+func SonyflakeSettings() sonyflake.Settings {
 	return sonyflake.Settings{MachineID: func() (int, error) { return SonyflakeMachine, nil }}
 }
 
@@ -78,7 +78,7 @@ func sonyflakeSettings() sonyflake.Settings {
 // when a unit's sequences are used up, sleeps to the next unit holding it.
 // It reads the wall clock and keeps no ceiling.
 func Sonyflake() Strategy {
-	dec, decErr := sonyflake.New(sonyflakeSettings())
+	dec, decErr := sonyflake.New(SonyflakeSettings())
 	decode := func(int64) time.Time { return time.Time{} } // Start fails with decErr
 	if decErr == nil {
 		decode = dec.ToTime
@@ -90,7 +90,7 @@ func Sonyflake() Strategy {
 		if decErr != nil {
 			return nil, errors.Wrap(decErr, "sonyflake.New")
 		}
-		sf, err := sonyflake.New(sonyflakeSettings())
+		sf, err := sonyflake.New(SonyflakeSettings())
 		if err != nil {
 			return nil, errors.Wrap(err, "sonyflake.New")
 		}

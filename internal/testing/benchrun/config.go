@@ -1,0 +1,147 @@
+package benchrun
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/cockroachdb/errors"
+
+	"github.com/idrange/idrange/internal/server/clienttune"
+	"github.com/idrange/idrange/rangeclient"
+	"github.com/idrange/idrange/snowflake"
+)
+
+// Config configures a Run. Zero fields take the defaults above, except
+// BurstSize and CPUHog, where 0 means none. Every field that rangesvc bench
+// sets is one of its flags.
+type Config struct {
+	// Regions (1..4) and Workers per region (1..256).
+	Regions, Workers int
+	// Rate is the target aggregate IDs/s. Default 2,000,000.
+	Rate float64
+	// Duration of the paced run. Default 10 s.
+	Duration time.Duration
+	// Tick is each worker's pacing interval. Default 50 ms.
+	Tick time.Duration
+	// BurstSize IDs are asked for back to back by one worker every
+	// BurstEvery (default 1 s); 0: no burst profile. DefaultBurstSize is
+	// the burst docs/design.md budgets.
+	BurstSize  int
+	BurstEvery time.Duration
+	// RefillInterval is the workers' rangeclient RefillInterval, the span
+	// an adaptive block aims at (0: rangeclient's default).
+	RefillInterval time.Duration
+	// FixedBlock, PrefetchThreshold and RPCTimeout are the workers'
+	// rangeclient tuning (0: rangeclient's defaults). FixedBlock > 0 pins
+	// every block to that many units (Sweep varies it).
+	FixedBlock        int
+	PrefetchThreshold float64
+	RPCTimeout        time.Duration
+	// EtcdPerRegion gives each region its own embedded etcd instead of one
+	// shared by all.
+	EtcdPerRegion bool
+	// CPUHog is how many cores a child process keeps busy during the paced
+	// run (0..MaxCPUHog()), so the overload case is reproducible instead of
+	// depending on a busy machine. Default 0: no hog. The child is this
+	// executable run again with HogSubcommand; it competes with the whole
+	// process (etcd, services, clients, workers) as another program would,
+	// and its CPU is not counted in Report.CPUCores.
+	CPUHog int
+	// Logger, if set, receives the regions' and the clients' logs.
+	Logger *slog.Logger
+	// SetupTimeout bounds the start of all clients. Default 2 min.
+	SetupTimeout time.Duration
+	// SetupConcurrency bounds concurrent client start-ups. Default 8.
+	SetupConcurrency int
+	// Progress, if set, receives a line every ProgressEvery (default 1 s).
+	Progress      io.Writer
+	ProgressEvery time.Duration
+	// Sink is a test hook: it sees each batch of a worker's IDs before they
+	// are verified and returns what is verified (a test plants a duplicate
+	// this way). nil passes IDs through.
+	Sink func(region, worker int, ids []snowflake.ID) []snowflake.ID
+}
+
+func (c Config) withDefaults() Config {
+	if c.Regions == 0 {
+		c.Regions = DefaultRegions
+	}
+	if c.Workers == 0 {
+		c.Workers = DefaultWorkers
+	}
+	if c.Rate == 0 {
+		c.Rate = DefaultRate
+	}
+	if c.Duration == 0 {
+		c.Duration = DefaultDuration
+	}
+	if c.Tick == 0 {
+		c.Tick = DefaultTick
+	}
+	if c.BurstEvery == 0 {
+		c.BurstEvery = DefaultBurstEvery
+	}
+	if c.SetupTimeout == 0 {
+		c.SetupTimeout = 2 * time.Minute
+	}
+	if c.SetupConcurrency == 0 {
+		c.SetupConcurrency = DefaultSetupConcurrency
+	}
+	if c.ProgressEvery == 0 {
+		c.ProgressEvery = time.Second
+	}
+	if c.Progress == nil {
+		c.Progress = io.Discard
+	}
+	return c
+}
+
+// Validate reports the first bad field (after defaults).
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	switch {
+	case c.Regions < 1 || c.Regions > snowflake.MaxRegion+1:
+		return errors.Newf("bench: Regions %d not in 1..%d", c.Regions, snowflake.MaxRegion+1)
+	case c.Workers < 1 || c.Workers > snowflake.MaxWorker+1:
+		return errors.Newf("bench: Workers %d not in 1..%d per region", c.Workers, snowflake.MaxWorker+1)
+	case !(c.Rate > 0) || c.Rate > 1e9:
+		return errors.Newf("bench: Rate %v not in (0, 1e9] IDs/s", c.Rate)
+	case c.Duration < 100*time.Millisecond || c.Duration > 24*time.Hour:
+		return errors.Newf("bench: Duration %v not in 100ms..24h", c.Duration)
+	case c.Tick < time.Millisecond || c.Tick > c.Duration:
+		return errors.Newf("bench: Tick %v not in 1ms..Duration", c.Tick)
+	case c.BurstSize < 0 || c.BurstSize > 1<<20:
+		return errors.Newf("bench: BurstSize %d not in 0..%d", c.BurstSize, 1<<20)
+	case c.BurstEvery < time.Millisecond:
+		return errors.Newf("bench: BurstEvery %v below 1ms", c.BurstEvery)
+	case c.SetupConcurrency < 1:
+		return errors.Newf("bench: SetupConcurrency %d below 1", c.SetupConcurrency)
+	case c.CPUHog < 0 || c.CPUHog > MaxCPUHog():
+		return errors.Newf("bench: CPUHog %d not in 0..%d cores", c.CPUHog, MaxCPUHog())
+	case c.ProgressEvery < 10*time.Millisecond:
+		return errors.Newf("bench: ProgressEvery %v below 10ms", c.ProgressEvery)
+	}
+	// The workers' client settings (refill interval, tuning) are checked
+	// where rangeclient checks them, for a worker of region 0.
+	return c.clientConfig("127.0.0.1:1", 0, 0).Validate()
+}
+
+// clientConfig is the rangeclient configuration of worker index of the
+// region with code region, served at addr.
+func (c Config) clientConfig(addr string, region, index int) rangeclient.Config {
+	cc := clienttune.With(rangeclient.Config{RefillInterval: c.RefillInterval, Logger: c.Logger},
+		clienttune.Tuning{FixedBlock: c.FixedBlock, PrefetchThreshold: c.PrefetchThreshold, RPCTimeout: c.RPCTimeout})
+	cc.Targets = []string{addr}
+	cc.Region = region
+	cc.Owner = fmt.Sprintf("bench/r%d/%d", region, index)
+	return cc
+}
+
+func etcdLayout(cfg Config) string {
+	if cfg.EtcdPerRegion || cfg.Regions == 1 {
+		return "one embedded etcd per region, fsync on"
+	}
+	return "one embedded etcd shared by all regions, fsync on"
+}
