@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -70,6 +72,7 @@ func TestHTTPMintAcceptance(t *testing.T) {
 		{"count=abc", `count: "abc" is not an integer; ` + want},
 		{"", "count: missing; " + want},
 	}
+	bad = append(bad, readmeHTTPAnswers(t)...)
 	badCounts := func() {
 		t.Helper()
 		for _, b := range bad {
@@ -147,6 +150,28 @@ func TestHTTPMintAcceptance(t *testing.T) {
 	if code, _, body := httpGet(t, "http://"+p.HTTPAddr+"/idrange.v1.RangeService/GetReplicaInfo"); code != http.StatusNotFound {
 		t.Fatalf("Connect-style path: %d %s; want 404", code, body)
 	}
+}
+
+// readmeHTTPRow is a row of README.md's table of HTTP error answers:
+// | `GET /v1/ids?<query>` ... | `<message>` |
+var readmeHTTPRow = regexp.MustCompile("(?m)^\\| `GET /v1/ids\\??([^`]*)`[^|]*\\| `([^`]+)` \\|$")
+
+// readmeHTTPAnswers reads the HTTP error answers README.md documents, so
+// that the test sends each one and a README edit cannot drift from it.
+func readmeHTTPAnswers(t *testing.T) []struct{ query, msg string } {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []struct{ query, msg string }
+	for _, m := range readmeHTTPRow.FindAllStringSubmatch(string(b), -1) {
+		rows = append(rows, struct{ query, msg string }{m[1], m[2]})
+	}
+	if len(rows) < 5 {
+		t.Fatalf("README.md: %d rows of HTTP error answers found, want the table's 5 or more", len(rows))
+	}
+	return rows
 }
 
 // --http takes host:port (bad: exit 2 naming the flag); empty disables it.
