@@ -119,9 +119,9 @@ func newHTTPHandler(gs *grpc.Server) (http.Handler, error) {
 }
 
 // checkHTTPCount checks the query of a MintBatch request before it is
-// transcoded: a parameter other than count, or a count that is missing, repeated or not a decimal integer
-// gets a one-line message in the service's form ("count: ...") instead of
-// the transcoder's parser's words (`invalid parameter "count": invalid
+// transcoded: a parameter other than count, or a count that is missing,
+// repeated or not a decimal integer, gets a one-line message in the
+// service's form ("count: ...") instead of the transcoder's parser's words (`invalid parameter "count": invalid
 // character 'a' ...`) or, for a missing count, a call with count 0. A count
 // strconv.ParseInt reads ("+5", "007") is rewritten in the canonical form
 // the transcoder's JSON parser takes. The range 1..MaxMintBatch stays the
@@ -135,7 +135,7 @@ func checkHTTPCount(u *url.URL) string {
 	want := fmt.Sprintf("want %s?count=N, N in 1..%d", httpMintPath, service.MaxMintBatch)
 	for _, k := range slices.Sorted(maps.Keys(q)) {
 		if k != "count" { // the transcoder would answer 500 Unknown
-			return fmt.Sprintf("%q: unknown parameter; %s", k, want)
+			return fmt.Sprintf("%q: unknown parameter; %s", clip(k), want)
 		}
 	}
 	vs, ok := q["count"]
@@ -148,17 +148,22 @@ func checkHTTPCount(u *url.URL) string {
 	n, err := strconv.ParseInt(vs[0], 10, 64)
 	switch {
 	case errors.Is(err, strconv.ErrRange):
-		return fmt.Sprintf("count: %s not in 1..%d", vs[0], service.MaxMintBatch)
+		return fmt.Sprintf("count: %s not in 1..%d", clip(vs[0]), service.MaxMintBatch)
 	case err != nil:
-		v := vs[0]
-		if len(v) > 40 { // the message stays short whatever was sent
-			v = v[:40] + "..."
-		}
-		return fmt.Sprintf("count: %q is not an integer; %s", v, want)
+		return fmt.Sprintf("count: %q is not an integer; %s", clip(vs[0]), want)
 	}
 	q.Set("count", strconv.FormatInt(n, 10))
 	u.RawQuery = q.Encode()
 	return ""
+}
+
+// clip shortens what a caller sent to at most 40 bytes for an error
+// message, so the message stays short whatever was sent.
+func clip(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "..."
+	}
+	return s
 }
 
 // writeJSONError writes the error body the transcoder writes for RPC

@@ -250,6 +250,8 @@ func TestHTTPCountAnswers(t *testing.T) {
 		{"count=" + strings.Repeat("x", 50), `count: "` + strings.Repeat("x", 40) + `..." is not an integer; ` + want},
 		{"count=1&count=2", "count: given 2 times; " + want},
 		{"count=99999999999999999999", "count: 99999999999999999999 not in 1..100000"},
+		{"count=" + strings.Repeat("9", 50), "count: " + strings.Repeat("9", 40) + "... not in 1..100000"},
+		{strings.Repeat("k", 50) + "=1", `"` + strings.Repeat("k", 40) + `...": unknown parameter; ` + want},
 		{"count=%zz", `query string: invalid URL escape "%zz"`},
 	} {
 		rec := serveCount(h, tc.query)
