@@ -5,8 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
 	"time"
 
 	"connectrpc.com/vanguard"
@@ -15,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
+	"github.com/idrange/idrange/internal/server/service"
 )
 
 // defaultHTTP is --http's default: the HTTP/JSON API (GET /v1/ids).
@@ -23,6 +28,10 @@ const defaultHTTP = "127.0.0.1:7071"
 // httpAPIPrefix is the path prefix of range.proto's google.api.http
 // bindings; only these routes are served on --http.
 const httpAPIPrefix = "/v1/"
+
+// httpMintPath is MintBatch's route (range.proto: get "/v1/ids"), whose
+// count parameter is checked here before transcoding: see checkHTTPCount.
+const httpMintPath = httpAPIPrefix + "ids"
 
 // maxHTTPMessage bounds one transcoded message: the largest MintBatch
 // response (service.MaxMintBatch IDs, about 1 MB of protobuf) with room.
@@ -94,6 +103,12 @@ func newHTTPHandler(gs *grpc.Server) (http.Handler, error) {
 		// Every response is freshly minted: never cache one (GET is
 		// the binding's verb, for curl and the anchors' habits).
 		w.Header().Set("Cache-Control", "no-store")
+		if r.URL.Path == httpMintPath {
+			if msg := checkHTTPCount(r.URL); msg != "" {
+				writeJSONError(w, http.StatusBadRequest, codes.InvalidArgument, msg)
+				return
+			}
+		}
 		tc.ServeHTTP(w, r)
 	}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -101,6 +116,54 @@ func newHTTPHandler(gs *grpc.Server) (http.Handler, error) {
 			fmt.Sprintf("no route for %s %s; the HTTP API is GET %sids?count=N", r.Method, r.URL.Path, httpAPIPrefix))
 	})
 	return mux, nil
+}
+
+// checkHTTPCount checks the query of a MintBatch request before it is
+// transcoded: a parameter other than count, or a count that is missing,
+// repeated or not a decimal integer, gets a one-line message in the
+// service's form ("count: ...") instead of the transcoder's parser's words (`invalid parameter "count": invalid
+// character 'a' ...`) or, for a missing count, a call with count 0. A count
+// strconv.ParseInt reads ("+5", "007") is rewritten in the canonical form
+// the transcoder's JSON parser takes. The range 1..MaxMintBatch stays the
+// service's check, so gRPC and HTTP callers get the same message for it.
+// It returns "" when the request may go on.
+func checkHTTPCount(u *url.URL) string {
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return fmt.Sprintf("query string: %v", err)
+	}
+	want := fmt.Sprintf("want %s?count=N, N in 1..%d", httpMintPath, service.MaxMintBatch)
+	for _, k := range slices.Sorted(maps.Keys(q)) {
+		if k != "count" { // the transcoder would answer 500 Unknown
+			return fmt.Sprintf("%q: unknown parameter; %s", clip(k), want)
+		}
+	}
+	vs, ok := q["count"]
+	switch {
+	case !ok:
+		return "count: missing; " + want
+	case len(vs) > 1:
+		return fmt.Sprintf("count: given %d times; %s", len(vs), want)
+	}
+	n, err := strconv.ParseInt(vs[0], 10, 64)
+	switch {
+	case errors.Is(err, strconv.ErrRange):
+		return fmt.Sprintf("count: %s not in 1..%d", clip(vs[0]), service.MaxMintBatch)
+	case err != nil:
+		return fmt.Sprintf("count: %q is not an integer; %s", clip(vs[0]), want)
+	}
+	q.Set("count", strconv.FormatInt(n, 10))
+	u.RawQuery = q.Encode()
+	return ""
+}
+
+// clip shortens what a caller sent to at most 40 bytes for an error
+// message, so the message stays short whatever was sent.
+func clip(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "..."
+	}
+	return s
 }
 
 // writeJSONError writes the error body the transcoder writes for RPC
