@@ -70,12 +70,27 @@ func TestSmallFleet(t *testing.T) {
 		t.Fatalf("report error: %v", err)
 	}
 	back := reporttest.RoundTrip[Report](t, rep.WriteJSON)
+	// Each worker's final tick settles what it owes up to the end, so the
+	// paced count is the schedule exactly (less at most one ID per worker
+	// for float truncation), however late the workers ran, unless a
+	// worker was still settling when the run was cut off endGrace after
+	// the end: a loaded box (under -race, beside other builds) can be
+	// that slow, and then the count says nothing about the pacer. (A
+	// fixed share of the schedule within the window, 90% before, flaked
+	// there; the rate a box sustains is a benchmark figure.)
 	owed := int64(cfg.Rate * cfg.Duration.Seconds())
+	paced := back.IDs - back.BurstIDs
+	workers := int64(cfg.Regions * cfg.Workers)
+	cutOff := time.Duration(back.Elapsed) >= cfg.Duration+endGrace
+	if cutOff {
+		t.Logf("the run was cut off %v after its end with %d of the %d paced IDs owed: not checking the count", endGrace, paced, owed)
+	}
 	switch {
 	case back.IDs != back.Verify.Checked:
 		t.Errorf("minted %d, checked %d: every ID must be checked", back.IDs, back.Verify.Checked)
-	case back.IDs-back.BurstIDs < owed*9/10:
-		t.Errorf("paced IDs %d, the schedule owed %d", back.IDs-back.BurstIDs, owed)
+	case paced > owed || paced < 1 || !cutOff && paced < owed-workers:
+		t.Errorf("paced IDs %d, the schedule owed %d (elapsed %v): each worker must settle its schedule exactly",
+			paced, owed, time.Duration(back.Elapsed))
 	case back.Verify.Duplicates != 0 || back.Verify.OutOfRange != 0 || back.Verify.Codes != 6:
 		t.Errorf("verify %+v", back.Verify)
 	case back.AchievedRate <= 0 || back.ScheduleKept <= 0 || back.Latency.P50 <= 0 || back.Latency.P999 > back.Latency.Max:
