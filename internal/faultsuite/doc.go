@@ -43,8 +43,8 @@
 // Scenarios (one test each; the short version runs in go test ./...):
 //
 //	TestEtcdMemberKillAndRestart                kill -9 the etcd leader, restart it; planted duplicate / late ID / late return caught
-//	TestEtcdLeaderKillDefaultClientsRideThrough kill -9 the etcd leader under load, default clients: 0 failed calls, no wait for IDs >= 50 ms
-//	TestEtcdQuorumLossFailsClosedAndRecovers    kill -9 two members past the TTL, default clients: mint to within 100 ms of the deadline, fail closed, recover
+//	TestEtcdLeaderKillDefaultClientsRideThrough kill -9 the etcd leader under load, default clients: 0 failed calls, no caller waits for a grant; planted grant wait caught
+//	TestEtcdQuorumLossFailsClosedAndRecovers    kill -9 two members past the TTL, default clients: no refusal before the deadline, fail closed, recover; planted early refusal caught
 //	TestRangesvcReplicaKillMidGrants            kill -9 a replica mid-grants, restart on the same address
 //	TestClientPausedPastLeaseIsFenced           SIGSTOP a client past its TTL, code to a new owner, SIGCONT
 //	TestServiceClockJumps                       service clock back 2 s, forward 10 s, back to true time
@@ -69,15 +69,18 @@
 // Two scenarios are issue 9's acceptance tests and run the minters' clients
 // on rangeclient's defaults (options.clientDefaults): an etcd outage shorter
 // than a client's safe interval must cost it nothing (no failed call, no
-// caller waiting for IDs beyond scheduling noise), and a longer one must
-// let it mint until just before its own safety deadline.
+// caller waiting for a grant), and a longer one must let it mint until its
+// own safety deadline (no call refused before it). Both are checked as
+// events in the histories, not as wall-clock bounds on the callers' waits,
+// which a loaded machine's scheduling stretches (the waits are figures).
 //
 // Every scenario logs a FIGURES line (IDs checked, faults injected, how long
 // clients ran on their buffers, time to fail closed, time to recover,
 // duplicates, gaps); with IDRANGE_FAULT_REPORT set they are appended to that
 // file as a Markdown table. Figures are printed; the assertions are the
 // checker's properties, bounded waits on behaviour, and the two acceptance
-// bounds above (maxRideThroughGap, deadlineSlack).
+// checks above (grantWaits; refusedEarly, whose deadlineSlack only absorbs
+// the gap between adjacent clock readings).
 //
 // Child processes get Pdeathsig SIGKILL and are killed in t.Cleanup; the
 // helper binaries also exit when their stdin closes. Ports that must survive

@@ -13,6 +13,9 @@ const (
 	spaceQuota      = 8 << 20
 	spaceCompaction = 500 * time.Millisecond
 	// spaceFillLimit bounds the time the load may take to fill the quota
-	// without compaction (a loaded 2-core machine under -race is slow).
-	spaceFillLimit = 90 * time.Second
+	// without compaction: a timeout, not a rate. The fill took 65 s on the
+	// shared 2-core machine with two busy loops and a fault-suite run
+	// beside it (90 s, the bound before, was too close); 2 min keeps the
+	// whole test within scripts/test's 10 min (phase two runs 3x the fill).
+	spaceFillLimit = 2 * time.Minute
 )

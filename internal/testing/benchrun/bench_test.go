@@ -61,28 +61,52 @@ func TestSmallFleet(t *testing.T) {
 	cfg := smallConfig()
 	cfg.Progress = &syncWriter{w: &progress}
 	cfg.ProgressEvery = 300 * time.Millisecond
+	before := env.counts()
 	rep, err := RunOn(ctx, env, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Grants from the clients' start-up on: each client's first block is
+	// one, so there is one per worker at least. The report's refills and
+	// grants count the paced run only, and with the reserve a client may
+	// need none in 1.2 s (its reserve built at start-up and no renewal
+	// moving its deadline): they are figures, logged.
+	grants := env.counts().Sub(before).Grants
+	t.Logf("grants %d in all, %d during the paced run; refills %d", grants, rep.Store.Grants, rep.Refills)
 	if err := rep.Err(); err != nil {
 		t.Fatalf("report error: %v", err)
 	}
 	back := measure.RoundTrip[Report](t, rep.WriteJSON)
+	// Each worker's final tick settles what it owes up to the end, so the
+	// paced count is the schedule exactly (less at most one ID per worker
+	// for float truncation), however late the workers ran, unless a
+	// worker was still settling when the run was cut off endGrace after
+	// the end: a loaded box (under -race, beside other builds) can be
+	// that slow, and then the count says nothing about the pacer. (A
+	// fixed share of the schedule within the window, 90% before, flaked
+	// there; the rate a box sustains is a benchmark figure.)
 	owed := int64(cfg.Rate * cfg.Duration.Seconds())
+	paced := back.IDs - back.BurstIDs
+	workers := int64(cfg.Regions * cfg.Workers)
+	cutOff := time.Duration(back.Elapsed) >= cfg.Duration+endGrace
+	if cutOff {
+		t.Logf("the run was cut off %v after its end with %d of the %d paced IDs owed: not checking the count", endGrace, paced, owed)
+	}
 	switch {
 	case back.IDs != back.Verify.Checked:
 		t.Errorf("minted %d, checked %d: every ID must be checked", back.IDs, back.Verify.Checked)
-	case back.IDs-back.BurstIDs < owed*9/10:
-		t.Errorf("paced IDs %d, the schedule owed %d", back.IDs-back.BurstIDs, owed)
+	case paced > owed || paced < 1 || !cutOff && paced < owed-workers:
+		t.Errorf("paced IDs %d, the schedule owed %d (elapsed %v): each worker must settle its schedule exactly",
+			paced, owed, time.Duration(back.Elapsed))
 	case back.Verify.Duplicates != 0 || back.Verify.OutOfRange != 0 || back.Verify.Codes != 6:
 		t.Errorf("verify %+v", back.Verify)
 	case back.AchievedRate <= 0 || back.ScheduleKept <= 0 || back.Latency.P50 <= 0 || back.Latency.P999 > back.Latency.Max:
 		t.Errorf("figures %+v", back)
 	case back.Burst.Count < 1 || back.BurstIDs != int64(back.Burst.Count*cfg.BurstSize) || back.Burst.Duration.Max <= 0:
 		t.Errorf("burst %+v, burst IDs %d", back.Burst, back.BurstIDs)
-	case back.Refills < 1 || back.EtcdWrites < back.Store.Grants || back.Store.Grants < 1:
-		t.Errorf("refills %d, etcd writes %d, store %+v", back.Refills, back.EtcdWrites, back.Store)
+	case grants < uint64(workers) || back.EtcdWrites < back.Store.Grants:
+		t.Errorf("grants %d in all for %d workers; paced run: refills %d, etcd writes %d, store %+v",
+			grants, workers, back.Refills, back.EtcdWrites, back.Store)
 	case back.Fleet.Regions != 2 || back.Fleet.Workers != 3 || back.Fleet.PerWorkerRate != cfg.Rate/6:
 		t.Errorf("fleet %+v", back.Fleet)
 	}
@@ -179,21 +203,34 @@ func TestSweepWritesChart(t *testing.T) {
 	cfg.Duration = 600 * time.Millisecond
 	cfg.BurstSize = 0
 	sr := &SweepReport{}
+	workers := uint64(cfg.Regions * cfg.Workers)
 	for _, b := range []int{409600, 4096000} {
 		pc := cfg
 		pc.FixedBlock = b
+		// Every grant of the point, its clients' start-up included (the
+		// shared regions serve no other clients meanwhile), must be of
+		// the point's block size: the sweep measured what it plots. How
+		// often each point refilled is the sweep's figure, not an
+		// assertion: with the reserve, refills during a 600 ms run follow
+		// grant latency as much as block size, and on a loaded box (four
+		// busy loops and a fault-suite run on 2 cores) the 1 s point
+		// refilled more often than the 100 ms one in 9 of 20 runs
+		// ("smaller blocks must refill more" flaked).
+		before := env.counts()
 		rep, err := RunOn(context.Background(), env, pc)
 		if err != nil {
 			t.Fatal(err)
 		}
+		got := env.counts().Sub(before)
+		if got.Grants < workers || got.GrantedUnits != got.Grants*uint64(b) {
+			t.Errorf("block %d: %d grants of %d units in all; want at least one per client (%d), each of %d units",
+				b, got.Grants, got.GrantedUnits, workers, b)
+		}
+		t.Logf("block %d: %d grants (%d during the paced run), %d refills", b, got.Grants, rep.Store.Grants, rep.Refills)
 		sr.Points = append(sr.Points, SweepPoint{Block: b, SpanMs: float64(b) / 4096, Report: rep})
 	}
 	if err := sr.Err(); err != nil {
 		t.Fatal(err)
-	}
-	if sr.Points[0].Report.Refills <= sr.Points[1].Report.Refills {
-		t.Errorf("100 ms blocks refilled %d times, 1 s blocks %d: smaller blocks must refill more",
-			sr.Points[0].Report.Refills, sr.Points[1].Report.Refills)
 	}
 	dir := t.TempDir()
 	paths, err := sr.WriteFiles(dir)
