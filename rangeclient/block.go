@@ -206,7 +206,12 @@ func (b *block) take1(now int64) (int64, bool) {
 // max(cursor+1, t<<12), all below hi, with one compare-and-swap: a jump to
 // the clock and its gap count move together.
 func (b *block) take(now, n int64) (first, k int64, ok bool) {
-	tl := b.floorL(now)
+	return b.takeFrom(b.floorL(now), n)
+}
+
+// takeFrom is take with the clock's position given: up to n consecutive
+// positions from max(cursor+1, tl), all below hi, in one compare-and-swap.
+func (b *block) takeFrom(tl, n int64) (first, k int64, ok bool) {
 	for {
 		s := b.state.Load()
 		next := b.lo + used(s)
