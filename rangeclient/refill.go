@@ -355,16 +355,7 @@ func (c *Client) refillOnce(l *leaseState, n int) error {
 	sb, err := c.alloc.Allocate(ctx, l.seg, n)
 	arrive := c.now()
 	cancel()
-	lat := arrive - sent
-	if old := c.pol.latency.Load(); old == 0 {
-		c.pol.latency.Store(lat)
-	} else {
-		c.pol.latency.Store(old + (lat-old)/4)
-	}
-	c.pol.count.Store(int64(c.blockCount(c.pol.ratePerSec(), time.Duration(c.pol.latency.Load()))))
-	if c.metrics != nil {
-		c.metrics.refillLatency.Observe(time.Duration(lat).Seconds())
-	}
+	c.observeLatency(arrive - sent)
 	if err != nil {
 		return fmt.Errorf("rangeclient: allocate %d IDs on code %d/%d: %w", n, l.seg.Region, l.seg.Worker, err)
 	}
@@ -383,6 +374,20 @@ func (c *Client) refillOnce(l *leaseState, n int) error {
 		c.stats.discarded.Add(1)
 	}
 	return nil
+}
+
+// observeLatency feeds one refill round trip into the latency estimate,
+// the next block size and the latency histogram.
+func (c *Client) observeLatency(lat int64) {
+	if old := c.pol.latency.Load(); old == 0 {
+		c.pol.latency.Store(lat)
+	} else {
+		c.pol.latency.Store(old + (lat-old)/4)
+	}
+	c.pol.count.Store(int64(c.blockCount(c.pol.ratePerSec(), time.Duration(c.pol.latency.Load()))))
+	if c.metrics != nil {
+		c.metrics.refillLatency.Observe(time.Duration(lat).Seconds())
+	}
 }
 
 // install puts a fresh block into the buffers (current if empty, else next)
