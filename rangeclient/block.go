@@ -141,7 +141,8 @@ func (b *block) arm() {
 // own, so the floor passes a.hi no later than a's validity ends, and no
 // position of a is handed out after a itself would have stopped.
 func merge(a, b *block) *block {
-	if a == nil || b == nil || a.lease != b.lease || a.hi != b.lo || a.state.Load() != 0 {
+	if a == nil || b == nil || a.lease != b.lease || a.hi != b.lo || a.state.Load() != 0 ||
+		a.offset == denseOffset || b.offset == denseOffset { // shared runs are not merged
 		return nil
 	}
 	sb := b.seg

@@ -60,7 +60,7 @@ func (c *Client) carve(ctx context.Context, r carve.Request) (segment.Block, err
 		now := c.now()
 		if cur := c.cur.Load(); l.err(now) == nil && cur != nil && cur.lease == l && !cur.finished(now) && now < cur.stop.Load() {
 			for _, b := range []*block{cur, c.next.Load()} {
-				if b == nil || b.lease != l || now >= b.stop.Load() {
+				if b == nil || b.lease != l || now >= b.stop.Load() || b.offset == denseOffset {
 					continue
 				}
 				sb, ok, err := c.carveFrom(b, l, now, r)

@@ -108,6 +108,9 @@ type Config struct {
 	NextMinter NextFunc
 	// Logger receives store and service logs; nil discards them.
 	Logger *slog.Logger
+	// SharedRate is ReplicaConfig.SharedRate: the shared path's bound per
+	// identity in IDs/s (0: the service's default; negative: off).
+	SharedRate float64
 	// TLS, AllowedIdentities and AdminIdentities are the replica's
 	// (ReplicaConfig): TLS on the gRPC port, mutual TLS with identity-bound
 	// leases when TLS requires client certificates. Addr stays
@@ -253,6 +256,7 @@ func (r *Region) start(addr string) error {
 		Observer:     r.count,
 		Interceptors: []grpc.UnaryServerInterceptor{r.timeRPC},
 		Logger:       r.cfg.Logger,
+		SharedRate:   r.cfg.SharedRate,
 		txns:         &r.txns,
 		// An in-process region's etcd is its own: the first replica
 		// initialises the region record (as rangesvc serve does on its
