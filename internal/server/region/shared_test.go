@@ -2,6 +2,7 @@ package region
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"testing"
@@ -166,4 +167,54 @@ func dialTest(t *testing.T, addr string) *grpc.ClientConn {
 func counterValue(t *testing.T, c prometheus.Collector) float64 {
 	t.Helper()
 	return testutil.ToFloat64(c)
+}
+
+// An identity over --shared-rate is refused with backpressure: a
+// ResourceExhausted whose RetryAfter the client reads (errors.As through
+// the wire), counted as refused{rate_limited}; the shared path off
+// (negative rate) answers Unimplemented.
+func TestAllocateSharedRateLimit(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	r, err := Start(ctx, Config{Region: 1, NextMinter: rangeclientMinter, SharedRate: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	stop, err := r.EnableNext(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	a := wire.NewAllocator(dialTest(t, r.Addr())).(segment.SharedAllocator)
+	if _, err := a.AllocateShared(ctx, 1, 800, 0, "c"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.AllocateShared(ctx, 1, 800, 0, "c")
+	var bp *segment.Backpressure
+	if !errors.As(err, &bp) || bp.RetryAfter <= 0 || bp.RetryAfter > time.Second || status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("800 more of a 1,000 IDs/s bound at once: %v, want backpressure with a retry delay", err)
+	}
+	m := r.rep.Service().Metrics()
+	if got := counterValue(t, m.SharedRefused.WithLabelValues("rate_limited")); got != 1 {
+		t.Fatalf("shared_refused_total{rate_limited} = %v, want 1", got)
+	}
+	if got := counterValue(t, m.SharedRateLimit); got != 1000 {
+		t.Fatalf("shared_rate_limit = %v, want 1000", got)
+	}
+
+	off, err := Start(ctx, Config{Region: 1, Etcd: r.Etcd(), NextMinter: rangeclientMinter, SharedRate: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer off.Close()
+	stopOff, err := off.EnableNext(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopOff()
+	b := wire.NewAllocator(dialTest(t, off.Addr())).(segment.SharedAllocator)
+	if _, err := b.AllocateShared(ctx, 1, 10, 0, "c"); status.Code(err) != codes.Unimplemented {
+		t.Fatalf("AllocateShared with the shared path off: %v, want Unimplemented", err)
+	}
 }
