@@ -245,13 +245,13 @@ func (c *Client) plan(now int64) (ch <-chan struct{}, n int, wait time.Duration)
 	return ch, 0, min(wait, time.Duration(left-lead))
 }
 
-// refillLoop keeps the double buffer filled until Close.
-func (c *Client) refillLoop() {
-	defer c.wg.Done()
-	bo := c.newBackoff()
+// loopSleeper returns the sleep of a loop that fills the buffers (the
+// refill loop, the shared loop): until d passes, the hot path kicks, ch
+// (a state change; nil: none) is closed or the client closes, which it
+// reports as false. Call stop when the loop ends.
+func (c *Client) loopSleeper() (sleep func(d time.Duration, ch <-chan struct{}) bool, stop func()) {
 	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	sleep := func(d time.Duration, ch <-chan struct{}) bool {
+	return func(d time.Duration, ch <-chan struct{}) bool {
 		timer.Reset(max(d, 0))
 		defer timer.Stop()
 		select {
@@ -262,7 +262,15 @@ func (c *Client) refillLoop() {
 			return false
 		}
 		return true
-	}
+	}, func() { timer.Stop() }
+}
+
+// refillLoop keeps the double buffer filled until Close.
+func (c *Client) refillLoop() {
+	defer c.wg.Done()
+	bo := c.newBackoff()
+	sleep, stop := c.loopSleeper()
+	defer stop()
 	for c.ctx.Err() == nil {
 		now := c.sample()
 		ch, n, wait := c.plan(now)

@@ -226,20 +226,8 @@ func (c *Client) sharedLoop() {
 	defer c.wg.Done()
 	s := c.shared
 	bo := c.newBackoff()
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	sleep := func(d time.Duration, ch <-chan struct{}) bool {
-		timer.Reset(max(d, 0))
-		defer timer.Stop()
-		select {
-		case <-timer.C:
-		case <-c.kick:
-		case <-ch:
-		case <-c.ctx.Done():
-			return false
-		}
-		return true
-	}
+	sleep, stop := c.loopSleeper()
+	defer stop()
 	for c.ctx.Err() == nil {
 		now := c.sample()
 		if c.wantCode(now) {
