@@ -297,29 +297,36 @@ func (c *Client) refillLoop() {
 			c.stats.refillErrors.Add(1)
 			c.fence(l, err, "block grant")
 			continue
-		case errors.As(err, &bp):
-			c.stats.backpressure.Add(1)
-			c.learnMaxAhead()
-			c.setRefillErr(err)
-			d := min(max(bp.RetryAfter, time.Millisecond), c.cfg.tune.BackoffMax)
-			c.log.Debug("rangeclient: service applies backpressure", "retry_after", bp.RetryAfter)
-			if !sleep(d, nil) {
-				return
-			}
 		default:
-			c.stats.refillErrors.Add(1)
-			c.setRefillErr(err)
-			d := bo.next()
-			c.log.Warn("rangeclient: block refill failed; retrying", "retry_in", d, "err", err)
-			// Wait on the state channel as it is now: setRefillErr may
-			// have closed the one plan returned, and the backoff must
-			// hold. A later change (a new lease, Close) still cuts it short.
-			ch, _ = c.waitState()
-			if !sleep(d, ch) {
+			if errors.As(err, &bp) {
+				c.learnMaxAhead()
+			}
+			if !c.waitAfterRefillError(err, "block refill", bo, sleep) {
 				return
 			}
 		}
 	}
+}
+
+// waitAfterRefillError records a failed refill (what names it in the log)
+// and sleeps before the next: the service's RetryAfter for backpressure,
+// else the next backoff step. It reports false when the client closes.
+func (c *Client) waitAfterRefillError(err error, what string, bo *backoff, sleep func(time.Duration, <-chan struct{}) bool) bool {
+	c.setRefillErr(err)
+	var bp *segment.Backpressure
+	if errors.As(err, &bp) {
+		c.stats.backpressure.Add(1)
+		c.log.Debug("rangeclient: service applies backpressure", "during", what, "retry_after", bp.RetryAfter)
+		return sleep(min(max(bp.RetryAfter, time.Millisecond), c.cfg.tune.BackoffMax), nil)
+	}
+	c.stats.refillErrors.Add(1)
+	d := bo.next()
+	c.log.Warn("rangeclient: "+what+" failed; retrying", "retry_in", d, "err", err)
+	// Wait on the state channel as it is now: setRefillErr may have closed
+	// the one the plan returned, and the backoff must hold. A later change
+	// (a new lease, Close) still cuts it short.
+	ch, _ := c.waitState()
+	return sleep(d, ch)
 }
 
 // setRefillErr records a failed refill; final ones wake the waiters so they

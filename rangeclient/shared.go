@@ -248,7 +248,6 @@ func (c *Client) sharedLoop() {
 			continue
 		}
 		err := c.refillShared(n)
-		var bp *segment.Backpressure
 		switch {
 		case err == nil:
 			bo.reset()
@@ -267,20 +266,8 @@ func (c *Client) sharedLoop() {
 			if !sleep(bo.next(), nil) {
 				return
 			}
-		case errors.As(err, &bp):
-			c.stats.backpressure.Add(1)
-			c.setRefillErr(err)
-			c.log.Debug("rangeclient: shared path applies backpressure", "retry_after", bp.RetryAfter)
-			if !sleep(min(max(bp.RetryAfter, time.Millisecond), c.cfg.tune.BackoffMax), nil) {
-				return
-			}
 		default:
-			c.stats.refillErrors.Add(1)
-			c.setRefillErr(err)
-			d := bo.next()
-			c.log.Warn("rangeclient: shared run failed; retrying", "retry_in", d, "err", err)
-			ch, _ = c.waitState()
-			if !sleep(d, ch) {
+			if !c.waitAfterRefillError(err, "shared run", bo, sleep) {
 				return
 			}
 		}
