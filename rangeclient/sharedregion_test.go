@@ -179,3 +179,57 @@ func TestSharedPathWithoutFreeCodes(t *testing.T) {
 	}
 	sharedFleet(t, []segment.Allocator{wire.NewAllocator(regiontest.Dial(t, rs[1].Addr()))}, 50, 10, 0)
 }
+
+// A shared-path client over two replicas keeps minting when the replica it
+// uses is killed (its runs then come from the other replica's code), with
+// its IDs still increasing and within the time bound, none repeated.
+func TestSharedPathReplicaKilled(t *testing.T) {
+	rs, _ := sharedRegion(t, 2, store.Config{})
+	c := startClient(t, Config{Targets: []string{rs[0].Addr(), rs[1].Addr()}, Region: 1, Owner: t.Name()}, 20*time.Second, nil)
+	if !c.Stats().Shared {
+		t.Fatalf("Codes 0 on a region with minters: %+v", c.Lease())
+	}
+	var ids []snowflake.ID
+	workers := map[int]bool{}
+	mintFor := func(d time.Duration) {
+		t.Helper()
+		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			id, err := c.Next(ctx)
+			cancel()
+			at := time.Now()
+			if err != nil {
+				t.Fatalf("Next: %v (stats %+v)", err, c.Stats())
+			}
+			ms := snowflake.Epoch.Add(time.Duration(id.Ms()) * time.Millisecond)
+			if ms.Before(at.Add(-time.Second)) || ms.After(at.Add(segment.DefaultMaxLead)) {
+				t.Fatalf("ID %d has time %v, returned at %v", id, ms, at)
+			}
+			if n := len(ids); n > 0 && id <= ids[n-1] {
+				t.Fatalf("ID %d after %d: not increasing", id, ids[n-1])
+			}
+			ids = append(ids, id)
+			workers[id.Worker()] = true
+		}
+	}
+	mintFor(time.Second)
+	rs[0].Kill()
+	mintFor(2 * time.Second)
+	rs[1].Kill()
+	if err := rs[0].Restart(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	stop, err := rs[0].EnableNext(ctx)
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	mintFor(2 * time.Second)
+	if len(workers) < 2 {
+		t.Fatalf("IDs from codes %v: the client did not move to the other replica's code", workers)
+	}
+	checkUnique(t, ids)
+	t.Logf("%d IDs from codes %v across two replica kills", len(ids), workers)
+}
