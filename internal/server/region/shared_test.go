@@ -154,7 +154,7 @@ func TestAllocateSharedOverGRPC(t *testing.T) {
 }
 
 // dialTest connects to addr (insecure, loopback) until the test ends.
-func dialTest(t *testing.T, addr string) *grpc.ClientConn {
+func dialTest(t testing.TB, addr string) *grpc.ClientConn {
 	t.Helper()
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -164,7 +164,7 @@ func dialTest(t *testing.T, addr string) *grpc.ClientConn {
 	return cc
 }
 
-func counterValue(t *testing.T, c prometheus.Collector) float64 {
+func counterValue(t testing.TB, c prometheus.Collector) float64 {
 	t.Helper()
 	return testutil.ToFloat64(c)
 }
