@@ -109,8 +109,10 @@ func (c *Client) startShared(ctx context.Context) (bool, error) {
 	err := c.retryUntil(ctx, "shared run", "shared run", func() (bool, error) {
 		err := c.refillShared(sharedFirstRun)
 		switch {
-		case err == nil:
+		case err == nil && c.cur.Load() != nil:
 			return true, nil
+		case err == nil:
+			return false, fmt.Errorf("rangeclient: the first shared run was over on arrival: %w", ErrUnavailable)
 		case sharedUnsupported(err):
 			unsupported = true
 			return true, nil
@@ -289,7 +291,7 @@ func (c *Client) takeCode() bool {
 	}
 	fail := func(err error) bool {
 		c.log.Warn("rangeclient: first block on the new code failed; staying on the shared path", "worker", l.seg.Worker, "err", err)
-		c.releaseQuietly(c.ctx, l.seg)
+		c.releaseQuietly(context.Background(), l.seg) // also when closing: bounded by RPCTimeout
 		return false
 	}
 	n := c.blockCount(c.pol.ratePerSec(), time.Duration(c.pol.latency.Load()))
