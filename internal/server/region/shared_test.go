@@ -217,4 +217,7 @@ func TestAllocateSharedRateLimit(t *testing.T) {
 	if _, err := b.AllocateShared(ctx, 1, 10, 0, "c"); status.Code(err) != codes.Unimplemented {
 		t.Fatalf("AllocateShared with the shared path off: %v, want Unimplemented", err)
 	}
+	if got := counterValue(t, off.rep.Service().Metrics().SharedRefused.WithLabelValues("off")); got != 1 {
+		t.Fatalf("shared_refused_total{off} = %v, want 1", got)
+	}
 }

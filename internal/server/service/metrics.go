@@ -101,7 +101,8 @@ type Metrics struct {
 	SharedIDs prometheus.Counter
 	// SharedRefused counts refused AllocateShared calls by reason:
 	// rate_limited (the identity is over --shared-rate), unavailable (the
-	// replica's minter cannot carve now), no_minter, invalid, error
+	// replica's minter cannot carve now), no_minter, off (--shared-rate 0),
+	// invalid, error
 	// (idrange_service_shared_refused_total{reason}).
 	SharedRefused *prometheus.CounterVec
 	// SharedClients is the number of distinct client_ids granted a run in
@@ -173,7 +174,7 @@ func NewMetrics(reg prometheus.Registerer, clk func() time.Time) (*Metrics, erro
 			"AllocateShared calls by outcome (granted, refused).")), []string{"outcome"}),
 		SharedIDs: counter("shared_ids_total", "Positions granted in shared runs (AllocateShared)."),
 		SharedRefused: prometheus.NewCounterVec(prometheus.CounterOpts(o("shared_refused_total",
-			"Refused AllocateShared calls by reason (rate_limited, unavailable, no_minter, invalid, error).")), []string{"reason"}),
+			"Refused AllocateShared calls by reason (rate_limited, unavailable, no_minter, off, invalid, error).")), []string{"reason"}),
 		SharedClients:   gauge("shared_clients", "Distinct client_ids granted a shared run in the last minute."),
 		SharedRateLimit: gauge("shared_rate_limit_ids_per_second", "The shared path's bound per caller identity, in IDs/s (0: the shared path is off)."),
 		SharedUsage:     gauge("shared_usage_ratio", "The busiest identity's shared rate (about 10 s) over the bound: near 1, its clients are refused."),
@@ -181,7 +182,7 @@ func NewMetrics(reg prometheus.Registerer, clk func() time.Time) (*Metrics, erro
 	for _, o := range []string{"granted", "refused"} {
 		m.SharedGrants.WithLabelValues(o)
 	}
-	for _, r := range []string{sharedRateLimited, sharedUnavailable, sharedNoMinter, sharedInvalid, sharedOther} {
+	for _, r := range []string{sharedOff, sharedRateLimited, sharedUnavailable, sharedNoMinter, sharedInvalid, sharedOther} {
 		m.SharedRefused.WithLabelValues(r)
 	}
 	// Create the error series that matter for alerts up front, so they

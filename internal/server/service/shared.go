@@ -50,6 +50,9 @@ const (
 	// sharedUsageWindow is the time constant of the per-identity rate that
 	// shared_usage_ratio reports.
 	sharedUsageWindow = 10 * time.Second
+	// sharedPruneEvery spaces the walks over the client_ids (up to
+	// maxSharedClients of them, under the limiter's lock).
+	sharedPruneEvery = 5 * time.Second
 )
 
 // sharedLimiter is the shared path's bound per identity (a token bucket of
@@ -61,6 +64,7 @@ type sharedLimiter struct {
 	buckets map[string]*sharedBucket
 	clients map[string]time.Time // client_id -> service time of its last grant
 	last    time.Time            // last sweep
+	pruned  time.Time            // last walk over clients
 }
 
 type sharedBucket struct {
@@ -118,9 +122,12 @@ func (l *sharedLimiter) settle(ident, clientID string, n, k int64, now time.Time
 func (l *sharedLimiter) sweep(now time.Time) (clients int, usage float64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for id, at := range l.clients {
-		if now.Sub(at) > sharedClientWindow {
-			delete(l.clients, id)
+	if now.Sub(l.pruned) >= sharedPruneEvery {
+		l.pruned = now
+		for id, at := range l.clients {
+			if now.Sub(at) > sharedClientWindow {
+				delete(l.clients, id)
+			}
 		}
 	}
 	dt := now.Sub(l.last).Seconds()
@@ -144,7 +151,7 @@ func (l *sharedLimiter) sweep(now time.Time) (clients int, usage float64) {
 }
 
 // clientCount is the number of distinct client_ids granted a run within
-// the last sweep's window.
+// the last minute (as of the last walk, sharedPruneEvery at most ago).
 func (l *sharedLimiter) clientCount() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -153,6 +160,7 @@ func (l *sharedLimiter) clientCount() int {
 
 // Reasons a shared run is refused (idrange_service_shared_refused_total).
 const (
+	sharedOff         = "off"
 	sharedRateLimited = "rate_limited"
 	sharedUnavailable = "unavailable"
 	sharedNoMinter    = "no_minter"
@@ -198,7 +206,7 @@ func (s *Service) allocateShared(ctx context.Context, req *idrangev1.AllocateSha
 		return nil, sharedInvalid, invalid("client_id: not valid UTF-8")
 	}
 	if s.shared == nil {
-		return nil, sharedNoMinter, status.Error(codes.Unimplemented, "AllocateShared: the shared path is off on this replica (--shared-rate < 0)")
+		return nil, sharedOff, status.Error(codes.Unimplemented, "AllocateShared: the shared path is off on this replica (--shared-rate 0)")
 	}
 	s.mu.Lock()
 	m := s.minter
