@@ -43,13 +43,17 @@ func afterL(after snowflake.ID, base int64) int64 {
 	return (ms + 1) << seqBits
 }
 
-// carve takes a shared run for r from the client's current block (or the
-// buffered next one, when r.After lies beyond the current one), with the
-// same compare-and-swap Next uses: each position goes to one caller.
-// (A client with several codes carves from its first.) It waits within
-// ctx only while the client has no usable block or lease at all; a run
-// that cannot be carved from the blocks held is refused at once with an
-// error wrapping segment.ErrUnavailable.
+// carve takes a shared run for r from the client's current block with the
+// same compare-and-swap Next uses: each position goes to one caller. (A
+// client with several codes carves from its first.) It waits within ctx
+// only while the client has no usable block or lease at all; a run that
+// cannot be carved from the current block (r.After beyond its end, the
+// lead, the lease's deadline) is refused at once with an error wrapping
+// segment.ErrUnavailable.
+//
+// It never takes from the buffered next block: that one must stay
+// untouched so the reserve can be merged into it (merge), or every
+// reserve grant after such a carve would be dropped and asked again.
 func (c *Client) carve(ctx context.Context, r carve.Request) (segment.Block, error) {
 	for {
 		ch, rerr := c.waitState()
@@ -59,17 +63,15 @@ func (c *Client) carve(ctx context.Context, r carve.Request) (segment.Block, err
 		l := c.lease.Load()
 		now := c.now()
 		if cur := c.cur.Load(); l.err(now) == nil && cur != nil && cur.lease == l && !cur.finished(now) && now < cur.stop.Load() {
-			for _, b := range []*block{cur, c.next.Load()} {
-				if b == nil || b.lease != l || now >= b.stop.Load() || b.offset == denseOffset {
-					continue
-				}
-				sb, ok, err := c.carveFrom(b, l, now, r)
-				if ok || err != nil {
-					return sb, err
-				}
+			if cur.offset == denseOffset {
+				return segment.Block{}, fmt.Errorf("rangeclient: carve: the minter is on the shared path itself: %w", carve.ErrNotCarver)
 			}
-			return segment.Block{}, fmt.Errorf("rangeclient: carve: no position after ID %d in the blocks held (up to L %d): %w",
-				r.After, c.horizonL(), segment.ErrUnavailable)
+			sb, ok, err := c.carveFrom(cur, l, now, r)
+			if ok || err != nil {
+				return sb, err
+			}
+			return segment.Block{}, fmt.Errorf("rangeclient: carve: no position after ID %d in the current block [%d,%d) of code %d/%d: %w",
+				r.After, cur.lo, cur.hi, l.seg.Region, l.seg.Worker, segment.ErrUnavailable)
 		} else if cur != nil {
 			c.rotate(cur)
 			if c.cur.Load() != cur {
@@ -90,17 +92,6 @@ func (c *Client) carve(ctx context.Context, r carve.Request) (segment.Block, err
 			return segment.Block{}, err
 		}
 	}
-}
-
-// horizonL is the end of the buffered blocks' positions, for messages.
-func (c *Client) horizonL() int64 {
-	var h int64
-	for _, b := range []*block{c.cur.Load(), c.next.Load()} {
-		if b != nil {
-			h = max(h, b.hi)
-		}
-	}
-	return h
 }
 
 // carveFrom carves r from b at local instant now; ok is false when b has

@@ -197,7 +197,9 @@ func TestCarveRefusedNearLeaseDeadline(t *testing.T) {
 }
 
 // A carve whose after_id is further ahead of the clock than MaxLead is
-// refused; one within the lead starts above it.
+// refused, and so is one beyond the current block (the buffered next block
+// is never carved from: the reserve merges into it); one inside the
+// current block starts above after_id.
 func TestCarveAfterBeyondTheLead(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		svc := fakeService(10 * time.Second)
@@ -207,10 +209,19 @@ func TestCarveAfterBeyondTheLead(t *testing.T) {
 		if _, err := m.carve(context.Background(), sharedRequest(10, far)); !errors.Is(err, segment.ErrUnavailable) {
 			t.Fatalf("carve after an ID 20 s ahead: %v, want ErrUnavailable", err)
 		}
-		near := snowflake.ID((now + 2_000) << timeShift)
-		b, err := m.carve(context.Background(), sharedRequest(10, near))
-		if err != nil || b.ID(b.Lo) <= near {
-			t.Fatalf("carve after an ID 2 s ahead: %+v, %v", b, err)
+		cur := m.cur.Load()
+		beyond := snowflake.ID((cur.hi>>seqBits + 1) << timeShift)
+		nx := m.next.Load()
+		if _, err := m.carve(context.Background(), sharedRequest(10, beyond)); !errors.Is(err, segment.ErrUnavailable) {
+			t.Fatalf("carve after an ID beyond the current block [%d,%d): %v, want ErrUnavailable", cur.lo, cur.hi, err)
+		}
+		if nx != nil && nx.state.Load() != 0 {
+			t.Fatal("a carve took positions from the buffered next block")
+		}
+		inside := snowflake.ID((cur.hi>>seqBits - 2) << timeShift)
+		b, err := m.carve(context.Background(), sharedRequest(10, inside))
+		if err != nil || b.ID(b.Lo) <= inside || b.Hi > cur.hi {
+			t.Fatalf("carve after an ID inside the current block: %+v, %v", b, err)
 		}
 	})
 }
