@@ -245,13 +245,13 @@ func (c *Client) plan(now int64) (ch <-chan struct{}, n int, wait time.Duration)
 	return ch, 0, min(wait, time.Duration(left-lead))
 }
 
-// refillLoop keeps the double buffer filled until Close.
-func (c *Client) refillLoop() {
-	defer c.wg.Done()
-	bo := c.newBackoff()
+// loopSleeper returns the sleep of a loop that fills the buffers (the
+// refill loop, the shared loop): until d passes, the hot path kicks, ch
+// (a state change; nil: none) is closed or the client closes, which it
+// reports as false. Call stop when the loop ends.
+func (c *Client) loopSleeper() (sleep func(d time.Duration, ch <-chan struct{}) bool, stop func()) {
 	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	sleep := func(d time.Duration, ch <-chan struct{}) bool {
+	return func(d time.Duration, ch <-chan struct{}) bool {
 		timer.Reset(max(d, 0))
 		defer timer.Stop()
 		select {
@@ -262,7 +262,15 @@ func (c *Client) refillLoop() {
 			return false
 		}
 		return true
-	}
+	}, func() { timer.Stop() }
+}
+
+// refillLoop keeps the double buffer filled until Close.
+func (c *Client) refillLoop() {
+	defer c.wg.Done()
+	bo := c.newBackoff()
+	sleep, stop := c.loopSleeper()
+	defer stop()
 	for c.ctx.Err() == nil {
 		now := c.sample()
 		ch, n, wait := c.plan(now)
@@ -289,29 +297,36 @@ func (c *Client) refillLoop() {
 			c.stats.refillErrors.Add(1)
 			c.fence(l, err, "block grant")
 			continue
-		case errors.As(err, &bp):
-			c.stats.backpressure.Add(1)
-			c.learnMaxAhead()
-			c.setRefillErr(err)
-			d := min(max(bp.RetryAfter, time.Millisecond), c.cfg.tune.BackoffMax)
-			c.log.Debug("rangeclient: service applies backpressure", "retry_after", bp.RetryAfter)
-			if !sleep(d, nil) {
-				return
-			}
 		default:
-			c.stats.refillErrors.Add(1)
-			c.setRefillErr(err)
-			d := bo.next()
-			c.log.Warn("rangeclient: block refill failed; retrying", "retry_in", d, "err", err)
-			// Wait on the state channel as it is now: setRefillErr may
-			// have closed the one plan returned, and the backoff must
-			// hold. A later change (a new lease, Close) still cuts it short.
-			ch, _ = c.waitState()
-			if !sleep(d, ch) {
+			if errors.As(err, &bp) {
+				c.learnMaxAhead()
+			}
+			if !c.waitAfterRefillError(err, "block refill", bo, sleep) {
 				return
 			}
 		}
 	}
+}
+
+// waitAfterRefillError records a failed refill (what names it in the log)
+// and sleeps before the next: the service's RetryAfter for backpressure,
+// else the next backoff step. It reports false when the client closes.
+func (c *Client) waitAfterRefillError(err error, what string, bo *backoff, sleep func(time.Duration, <-chan struct{}) bool) bool {
+	c.setRefillErr(err)
+	var bp *segment.Backpressure
+	if errors.As(err, &bp) {
+		c.stats.backpressure.Add(1)
+		c.log.Debug("rangeclient: service applies backpressure", "during", what, "retry_after", bp.RetryAfter)
+		return sleep(min(max(bp.RetryAfter, time.Millisecond), c.cfg.tune.BackoffMax), nil)
+	}
+	c.stats.refillErrors.Add(1)
+	d := bo.next()
+	c.log.Warn("rangeclient: "+what+" failed; retrying", "retry_in", d, "err", err)
+	// Wait on the state channel as it is now: setRefillErr may have closed
+	// the one the plan returned, and the backoff must hold. A later change
+	// (a new lease, Close) still cuts it short.
+	ch, _ := c.waitState()
+	return sleep(d, ch)
 }
 
 // setRefillErr records a failed refill; final ones wake the waiters so they
@@ -355,16 +370,7 @@ func (c *Client) refillOnce(l *leaseState, n int) error {
 	sb, err := c.alloc.Allocate(ctx, l.seg, n)
 	arrive := c.now()
 	cancel()
-	lat := arrive - sent
-	if old := c.pol.latency.Load(); old == 0 {
-		c.pol.latency.Store(lat)
-	} else {
-		c.pol.latency.Store(old + (lat-old)/4)
-	}
-	c.pol.count.Store(int64(c.blockCount(c.pol.ratePerSec(), time.Duration(c.pol.latency.Load()))))
-	if c.metrics != nil {
-		c.metrics.refillLatency.Observe(time.Duration(lat).Seconds())
-	}
+	c.observeLatency(arrive - sent)
 	if err != nil {
 		return fmt.Errorf("rangeclient: allocate %d IDs on code %d/%d: %w", n, l.seg.Region, l.seg.Worker, err)
 	}
@@ -383,6 +389,20 @@ func (c *Client) refillOnce(l *leaseState, n int) error {
 		c.stats.discarded.Add(1)
 	}
 	return nil
+}
+
+// observeLatency feeds one refill round trip into the latency estimate,
+// the next block size and the latency histogram.
+func (c *Client) observeLatency(lat int64) {
+	if old := c.pol.latency.Load(); old == 0 {
+		c.pol.latency.Store(lat)
+	} else {
+		c.pol.latency.Store(old + (lat-old)/4)
+	}
+	c.pol.count.Store(int64(c.blockCount(c.pol.ratePerSec(), time.Duration(c.pol.latency.Load()))))
+	if c.metrics != nil {
+		c.metrics.refillLatency.Observe(time.Duration(lat).Seconds())
+	}
 }
 
 // install puts a fresh block into the buffers (current if empty, else next)

@@ -34,7 +34,9 @@ func TestAdminOverMutualTLS(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c, err := rangeclient.New(ctx, rangeclient.Config{Targets: []string{srv.GRPCAddr}, TLS: tc, Owner: "admin-tls"})
+	// Codes 1: a client with a lease to list and fence (rangesvc serve
+	// serves the shared path, on which a client holds none).
+	c, err := rangeclient.New(ctx, rangeclient.Config{Targets: []string{srv.GRPCAddr}, TLS: tc, Codes: 1, Owner: "admin-tls"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -57,7 +57,8 @@ func TestDrainTwoReplicasNoFailedNextSubprocess(t *testing.T) {
 		if len(clients) == 16 {
 			t.Fatalf("16 clients, none on %s", stopped.GRPCAddr)
 		}
-		c, err := rangeclient.New(ctx, rangeclient.Config{Targets: targets, Owner: fmt.Sprintf("drain-test/%d", len(clients))})
+		// Codes 1: clients with leases (the shared path would hold none).
+		c, err := rangeclient.New(ctx, rangeclient.Config{Targets: targets, Codes: 1, Owner: fmt.Sprintf("drain-test/%d", len(clients))})
 		if err != nil {
 			t.Fatal(err)
 		}

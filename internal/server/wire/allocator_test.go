@@ -20,6 +20,7 @@ import (
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/testing/grpctest"
 	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
 )
 
 // fakeAlloc is an in-memory Allocator: one region, codes handed out in
@@ -143,6 +144,67 @@ func (r *relay) AllocateBlock(ctx context.Context, req *idrangev1.AllocateBlockR
 		return nil, ToStatus(err)
 	}
 	return BlockToProto(b), nil
+}
+
+// sharedRelay answers AllocateShared with a fixed reply (and counts calls).
+type sharedRelay struct {
+	relay
+	shared *idrangev1.AllocateSharedResponse
+	calls  int
+}
+
+func (r *sharedRelay) AllocateShared(ctx context.Context, req *idrangev1.AllocateSharedRequest) (*idrangev1.AllocateSharedResponse, error) {
+	r.calls++
+	return r.shared, nil
+}
+
+// AllocateShared checks its request before sending it (nothing is sent for
+// a bad one: ErrInvalid) and the reply before returning it: a run that is
+// not in the region asked, wider than asked, or not after after_id is
+// ErrProtocol, never minted from.
+func TestAllocateSharedChecks(t *testing.T) {
+	ctx := context.Background()
+	now := time.Now()
+	good := func() *idrangev1.AllocateSharedResponse {
+		return &idrangev1.AllocateSharedResponse{Region: 1, Worker: 9, Lo: 1000 << 12, Hi: 1000<<12 + 50,
+			ServiceTimeUnixNano: now.UnixNano(), ValidUntilUnixNano: now.Add(time.Second).UnixNano()}
+	}
+	r := &sharedRelay{relay: relay{a: newFake()}, shared: good()}
+	cc := grpctest.Dial(t, func(s grpc.ServiceRegistrar) { idrangev1.RegisterRangeServiceServer(s, r) })
+	a := NewAllocator(cc).(segment.SharedAllocator)
+
+	b, err := a.AllocateShared(ctx, 1, 50, 0, "c")
+	if err != nil || b.Region != 1 || b.Worker != 9 || b.Len() != 50 {
+		t.Fatalf("good run: %+v, %v", b, err)
+	}
+	for _, bad := range []struct {
+		region, n int
+		after     snowflake.ID
+		client    string
+	}{{4, 10, 0, "c"}, {1, 0, 0, "c"}, {1, segment.MaxShared + 1, 0, "c"}, {1, 10, -1, "c"},
+		{1, 10, 0, string(make([]byte, segment.MaxClientID+1))}} {
+		calls := r.calls
+		if _, err := a.AllocateShared(ctx, bad.region, bad.n, bad.after, bad.client); !errors.Is(err, segment.ErrInvalid) || r.calls != calls {
+			t.Fatalf("AllocateShared(%d, %d, %d, %d bytes): %v (calls %d -> %d), want ErrInvalid before sending",
+				bad.region, bad.n, bad.after, len(bad.client), err, calls, r.calls)
+		}
+	}
+	for name, edit := range map[string]func(*idrangev1.AllocateSharedResponse){
+		"other region":   func(p *idrangev1.AllocateSharedResponse) { p.Region = 2 },
+		"worker 256":     func(p *idrangev1.AllocateSharedResponse) { p.Worker = 256 },
+		"wider":          func(p *idrangev1.AllocateSharedResponse) { p.Hi = p.Lo + 51 },
+		"empty":          func(p *idrangev1.AllocateSharedResponse) { p.Hi = p.Lo },
+		"no validity":    func(p *idrangev1.AllocateSharedResponse) { p.ValidUntilUnixNano = 0 },
+		"not after":      func(p *idrangev1.AllocateSharedResponse) { p.Lo, p.Hi = 999<<12, 999<<12+50 },
+		"huge worker id": func(p *idrangev1.AllocateSharedResponse) { p.Worker = 1 << 31 },
+	} {
+		r.shared = good()
+		edit(r.shared)
+		after := snowflake.ID(1000<<22 - 1) // the last ID of ms 999
+		if _, err := a.AllocateShared(ctx, 1, 50, after, "c"); !errors.Is(err, ErrProtocol) || errors.Is(err, segment.ErrInvalid) {
+			t.Fatalf("%s: %v, want ErrProtocol only", name, err)
+		}
+	}
 }
 
 func dialRelay(t *testing.T, r *relay) segment.Allocator {
