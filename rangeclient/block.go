@@ -141,7 +141,8 @@ func (b *block) arm() {
 // own, so the floor passes a.hi no later than a's validity ends, and no
 // position of a is handed out after a itself would have stopped.
 func merge(a, b *block) *block {
-	if a == nil || b == nil || a.lease != b.lease || a.hi != b.lo || a.state.Load() != 0 {
+	if a == nil || b == nil || a.lease != b.lease || a.hi != b.lo || a.state.Load() != 0 ||
+		a.offset == denseOffset || b.offset == denseOffset { // shared runs are not merged
 		return nil
 	}
 	sb := b.seg
@@ -206,7 +207,12 @@ func (b *block) take1(now int64) (int64, bool) {
 // max(cursor+1, t<<12), all below hi, with one compare-and-swap: a jump to
 // the clock and its gap count move together.
 func (b *block) take(now, n int64) (first, k int64, ok bool) {
-	tl := b.floorL(now)
+	return b.takeFrom(b.floorL(now), n)
+}
+
+// takeFrom is take with the clock's position given: up to n consecutive
+// positions from max(cursor+1, tl), all below hi, in one compare-and-swap.
+func (b *block) takeFrom(tl, n int64) (first, k int64, ok bool) {
 	for {
 		s := b.state.Load()
 		next := b.lo + used(s)

@@ -60,6 +60,9 @@ type Client struct {
 	pol     policy // refill loop state (rate, latency, idleness)
 	metrics *collector
 	ends    *codeEnds // per code held, the end of the blocks granted (shared by the lanes)
+	// shared is the shared path's state: set by New when the client
+	// started on it (Config.Codes 0), kept after it takes a code.
+	shared *sharedState
 }
 
 // counters are the client's monotonic counts. The hot path never touches
@@ -129,18 +132,25 @@ func newClient(ctx context.Context, cfg Config, ends *codeEnds) (*Client, error)
 			return nil, fmt.Errorf("rangeclient: register metrics (wrap Config.Registerer with distinct labels per client): %w", err)
 		}
 	}
-	l, err := c.firstLease(ctx)
+	shared, err := c.startShared(ctx)
 	if err != nil {
 		c.abort()
 		return nil, err
 	}
-	c.lease.Store(l)
-	c.wg.Add(2)
-	go c.leaseLoop(l)
-	go c.refillLoop()
-	if err := c.waitFirstBlock(ctx); err != nil {
-		c.Close()
-		return nil, err
+	if !shared {
+		l, err := c.firstLease(ctx)
+		if err != nil {
+			c.abort()
+			return nil, err
+		}
+		c.lease.Store(l)
+		c.wg.Add(2)
+		go c.leaseLoop(l)
+		go c.refillLoop()
+		if err := c.waitFirstBlock(ctx); err != nil {
+			c.Close()
+			return nil, err
+		}
 	}
 	if err := c.startLanes(ctx); err != nil {
 		c.Close()
@@ -588,7 +598,7 @@ func (c *Client) close() error {
 	c.mu.Lock()
 	c.closed.Store(true)
 	l := c.lease.Load()
-	alive := l != nil && l.err(c.now()) == nil
+	alive := l != nil && l.err(c.now()) == nil && !l.isShared()
 	if l != nil {
 		c.killLeaseLocked(l, ErrClosed)
 	}

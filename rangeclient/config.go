@@ -81,8 +81,23 @@ type Config struct {
 	// old to answer leaves Region as given; the service refuses a lease for
 	// a region it does not serve.
 	Region int
-	// Codes is how many worker codes the client holds (default 1, at most
-	// MaxCodes). One code mints at most 4,096 IDs per millisecond; with
+	// Codes is how many worker codes the client holds (at most MaxCodes).
+	//
+	// 0 (the default) chooses by itself: over a service that serves the
+	// shared path (rangesvc's AllocateShared; any gRPC Targets of a
+	// current rangesvc) the client holds no code at all and mints from
+	// runs the replicas carve out of their own codes, so a region serves
+	// any number of such clients, not 256; when its rate stays above
+	// DedicatedRate (32,768 IDs/s) it takes a code of its own, and while
+	// the region has no free code (or the identity is at its cap) it stays
+	// on the shared path and tries again later, so New never waits for a
+	// code. IDs from shared runs may lag the clock by up to 1 s (never
+	// more) where a code's IDs follow it. With an Allocator or service
+	// without the shared path, 0 holds one code, as 1 does. See the
+	// package doc, "The shared path".
+	//
+	// 1 or more holds that many codes from New on, and never uses the
+	// shared path. One code mints at most 4,096 IDs per millisecond; with
 	// several, Next, NextN and AppendN spread their calls over the codes (a
 	// random code per call: no shared lock, no shared counter), so one
 	// Client sustains Codes x 4.096M IDs/s with IDs that follow the clock
@@ -156,9 +171,6 @@ func (c Config) withDefaults() Config {
 			}
 		}
 	}
-	if c.Codes == 0 {
-		c.Codes = 1
-	}
 	if c.RefillInterval == 0 {
 		c.RefillInterval = DefaultRefillInterval
 	}
@@ -214,7 +226,7 @@ func (c Config) Validate() error {
 	case c.tune.BackoffBase <= 0:
 		return bad("tuning BackoffBase %v must be positive", c.tune.BackoffBase)
 	case c.Codes < 0 || c.Codes > MaxCodes:
-		return bad("Config.Codes %d not in 0..%d (0 = 1)", c.Codes, MaxCodes)
+		return bad("Config.Codes %d not in 0..%d (0 = automatic)", c.Codes, MaxCodes)
 	case c.tune.BackoffMax < c.tune.BackoffBase:
 		return bad("tuning BackoffMax %v is below tuning BackoffBase %v", c.tune.BackoffMax, c.tune.BackoffBase)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
 )
 
 // dialOptions are the client's gRPC options: TLS with Config.TLS, plaintext
@@ -208,4 +209,19 @@ func (r *replicaSet) ReplicaRegion(ctx context.Context) (region int, err error) 
 		return err
 	})
 	return region, err
+}
+
+// AllocateShared asks the current replica for a shared run, failing over
+// like every other call. It fails with ErrUnsupported when a replica's
+// allocator cannot grant shared runs.
+func (r *replicaSet) AllocateShared(ctx context.Context, region, n int, after snowflake.ID, clientID string) (b segment.Block, err error) {
+	err = r.do(ctx, func(ctx context.Context, a segment.Allocator) (err error) {
+		sa, ok := a.(segment.SharedAllocator)
+		if !ok {
+			return fmt.Errorf("replica allocator %T cannot grant shared runs: %w", a, errors.ErrUnsupported)
+		}
+		b, err = sa.AllocateShared(ctx, region, n, after, clientID)
+		return err
+	})
+	return b, err
 }

@@ -10,6 +10,11 @@
 //
 // # How it works
 //
+// A client holds a worker code of its own only when its rate needs one
+// (Config.Codes 0, the default; see "The shared path" below): until then
+// it mints from runs the service carves out of codes the replicas hold.
+// What follows describes a client with a code.
+//
 // The client leases a worker code (region, worker) from the service and
 // renews the lease in the background. For its code the service grants
 // blocks [Lo, Hi) of the linear space L = ms<<12 | seq, committing the
@@ -155,6 +160,39 @@
 // elapsed times, never for the timestamps themselves: a wall-clock step on
 // the client reaches neither the IDs nor the safety deadline.
 //
+// # The shared path
+//
+// A region has 256 worker codes. So that any number of client processes
+// can mint in one region, a client with Config.Codes 0 over a service that
+// serves the shared path (a current rangesvc; segment.SharedAllocator)
+// holds no code: it asks a replica for a shared run (AllocateShared), a
+// dense stretch of the code the replica's own minter holds, carved from a
+// block whose high-water mark is committed, so the grant writes nothing
+// to etcd and every position goes to one holder. The client mints a run
+// densely from its first position (no jump to the clock: at low rates its
+// IDs lag the clock, by less than 1 s) and drops it at its validity, about
+// 0.9 s after the run's first millisecond, so no ID is 1 s old when Next
+// returns it. It asks for about 0.5 s of IDs at its measured rate (64 to
+// segment.MaxShared) and prefetches the next run as it does blocks; each
+// request carries the last ID of the previous run, and the next run starts
+// above it, so the client's IDs increase across runs and replicas.
+//
+// When the client's rate stays above DedicatedRate (32,768 IDs/s) for 2 s
+// it acquires a code and its first block, starts that block above the last
+// shared ID, and leaves the shared path without a stall; from then on it is
+// a client with a code. While no code is free or the identity is at its
+// cap, it stays on the shared path and tries again with backoff (1 s to
+// 30 s): New never waits for a code. A service without the shared path
+// (rangesvc serve --shared-rate 0, an older rangesvc) or an Allocator that
+// does not implement segment.SharedAllocator gets a client with one code
+// from New on, as Codes 1 does. Explicit Codes >= 1 never uses the shared
+// path; use it for more than 4,096 IDs/ms (several codes).
+//
+// The service bounds the shared path per caller identity (backpressure,
+// as for blocks). Stats.Shared and LeaseInfo.Shared tell the mode; a
+// shared-path client has no lease to renew and reports none. Uniqueness
+// and what stops a paused holder: docs/design.md, "The shared path".
+//
 // # Replicas
 //
 // With several Targets the client talks to one replica at a time (picked at
@@ -184,7 +222,8 @@
 // lease_renewal_failures_total, safety_deadline_expiries_total,
 // fenced_total, overlapping_blocks_total, codes_dropped_total,
 // lease_safe_seconds, serving,
-// rate_ids_per_second and lease_info. They are read from atomic counters
+// rate_ids_per_second, lease_info (the lease series only while the client
+// holds a code) and shared (1 on the shared path). They are read from atomic counters
 // at scrape time; the number of IDs minted is derived from the blocks'
 // cursors, so counting costs the hot path nothing.
 package rangeclient

@@ -17,7 +17,7 @@ type collector struct {
 	acquisitions, renewals, renewalFailures, expiries, fenced      *prometheus.Desc
 	overlaps, dropped                                              *prometheus.Desc
 	clockRollbacks, bufferIDs, bufferSeconds, rate, leaseSafe      *prometheus.Desc
-	serving, worker                                                *prometheus.Desc
+	serving, worker, shared                                        *prometheus.Desc
 }
 
 const (
@@ -56,6 +56,7 @@ func newCollector(c *Client) *collector {
 		leaseSafe:       d("lease_safe_seconds", "Time left before the local safety deadline (0 when the lease is not usable)."),
 		serving:         d("serving", "1 when the client can mint without waiting, else 0."),
 		worker:          d("lease_info", "The current lease's code and fencing token (value 1).", "region", "worker", "token"),
+		shared:          d("shared", "1 while the client mints from shared runs (no worker code of its own), else 0."),
 	}
 }
 
@@ -63,7 +64,7 @@ func newCollector(c *Client) *collector {
 func (m *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.minted, m.refills, m.refillErrors, m.backpressure, m.discarded, m.stalls,
 		m.acquisitions, m.renewals, m.renewalFailures, m.expiries, m.fenced, m.overlaps, m.dropped,
-		m.bufferIDs, m.bufferSeconds, m.rate, m.leaseSafe, m.serving, m.worker} {
+		m.bufferIDs, m.bufferSeconds, m.rate, m.leaseSafe, m.serving, m.worker, m.shared} {
 		ch <- d
 	}
 	m.refillLatency.Describe(ch)
@@ -95,13 +96,20 @@ func (m *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(m.bufferSeconds, s.BufferedFor.Seconds())
 	gauge(m.rate, s.Rate)
 	li := m.c.Lease()
-	gauge(m.leaseSafe, li.SafeFor.Seconds())
+	shared := 0.0
+	if li.Shared {
+		shared = 1
+	} else {
+		// A shared-path client has no lease: no safe time to report.
+		gauge(m.leaseSafe, li.SafeFor.Seconds())
+	}
+	gauge(m.shared, shared)
 	serving := 0.0
 	if m.c.Health() == nil {
 		serving = 1
 	}
 	gauge(m.serving, serving)
-	if li.Err == nil {
+	if li.Err == nil && !li.Shared {
 		gauge(m.worker, 1, itoa(li.Lease.Region), itoa(li.Lease.Worker), itoa64(li.Lease.Token))
 	}
 	m.refillLatency.Collect(ch)

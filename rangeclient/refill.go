@@ -245,13 +245,13 @@ func (c *Client) plan(now int64) (ch <-chan struct{}, n int, wait time.Duration)
 	return ch, 0, min(wait, time.Duration(left-lead))
 }
 
-// refillLoop keeps the double buffer filled until Close.
-func (c *Client) refillLoop() {
-	defer c.wg.Done()
-	bo := c.newBackoff()
+// loopSleeper returns the sleep of a loop that fills the buffers (the
+// refill loop, the shared loop): until d passes, the hot path kicks, ch
+// (a state change; nil: none) is closed or the client closes, which it
+// reports as false. Call stop when the loop ends.
+func (c *Client) loopSleeper() (sleep func(d time.Duration, ch <-chan struct{}) bool, stop func()) {
 	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	sleep := func(d time.Duration, ch <-chan struct{}) bool {
+	return func(d time.Duration, ch <-chan struct{}) bool {
 		timer.Reset(max(d, 0))
 		defer timer.Stop()
 		select {
@@ -262,7 +262,15 @@ func (c *Client) refillLoop() {
 			return false
 		}
 		return true
-	}
+	}, func() { timer.Stop() }
+}
+
+// refillLoop keeps the double buffer filled until Close.
+func (c *Client) refillLoop() {
+	defer c.wg.Done()
+	bo := c.newBackoff()
+	sleep, stop := c.loopSleeper()
+	defer stop()
 	for c.ctx.Err() == nil {
 		now := c.sample()
 		ch, n, wait := c.plan(now)
@@ -355,16 +363,7 @@ func (c *Client) refillOnce(l *leaseState, n int) error {
 	sb, err := c.alloc.Allocate(ctx, l.seg, n)
 	arrive := c.now()
 	cancel()
-	lat := arrive - sent
-	if old := c.pol.latency.Load(); old == 0 {
-		c.pol.latency.Store(lat)
-	} else {
-		c.pol.latency.Store(old + (lat-old)/4)
-	}
-	c.pol.count.Store(int64(c.blockCount(c.pol.ratePerSec(), time.Duration(c.pol.latency.Load()))))
-	if c.metrics != nil {
-		c.metrics.refillLatency.Observe(time.Duration(lat).Seconds())
-	}
+	c.observeLatency(arrive - sent)
 	if err != nil {
 		return fmt.Errorf("rangeclient: allocate %d IDs on code %d/%d: %w", n, l.seg.Region, l.seg.Worker, err)
 	}
@@ -383,6 +382,20 @@ func (c *Client) refillOnce(l *leaseState, n int) error {
 		c.stats.discarded.Add(1)
 	}
 	return nil
+}
+
+// observeLatency feeds one refill round trip into the latency estimate,
+// the next block size and the latency histogram.
+func (c *Client) observeLatency(lat int64) {
+	if old := c.pol.latency.Load(); old == 0 {
+		c.pol.latency.Store(lat)
+	} else {
+		c.pol.latency.Store(old + (lat-old)/4)
+	}
+	c.pol.count.Store(int64(c.blockCount(c.pol.ratePerSec(), time.Duration(c.pol.latency.Load()))))
+	if c.metrics != nil {
+		c.metrics.refillLatency.Observe(time.Duration(lat).Seconds())
+	}
 }
 
 // install puts a fresh block into the buffers (current if empty, else next)

@@ -24,6 +24,9 @@ type Stats struct {
 	Fenced          uint64 // leases fenced by the service
 	Overlaps        uint64 // granted blocks refused: they overlap one the client had (ErrOverlap)
 	DroppedCodes    uint64 // leases given up: overlap, or the service's segment.ErrHighWaterRegressed
+	// Shared is true while the client mints from shared runs (Config.Codes
+	// 0) instead of a worker code of its own.
+	Shared bool
 
 	BufferedIDs   int64         // positions left in the current and next block
 	BufferedFor   time.Duration // how long they last at the observed rate
@@ -81,6 +84,7 @@ func (c *Client) laneStats() Stats {
 		NextBlock:       int(c.pol.count.Load()),
 	}
 	l := c.lease.Load()
+	s.Shared = l != nil && l.isShared()
 	if l == nil || l.err(now) != nil {
 		return s
 	}
@@ -102,6 +106,9 @@ func (c *Client) laneStats() Stats {
 // LeaseInfo describes the client's current worker-code lease.
 type LeaseInfo struct {
 	Lease segment.Lease // the code, token and etcd lease; zero before the first
+	// Shared is true while the client mints from shared runs and holds no
+	// code: Lease is then zero but for its Region, and SafeFor is 0.
+	Shared bool
 	// SafeFor is the time left before the local safety deadline (0 once
 	// past it or when the lease is dead).
 	SafeFor time.Duration
@@ -128,8 +135,8 @@ func (c *Client) Lease() LeaseInfo {
 		return LeaseInfo{Err: ErrLeaseLost}
 	}
 	now := c.now()
-	info := LeaseInfo{Lease: l.seg, Err: l.err(now)}
-	if info.Err == nil {
+	info := LeaseInfo{Lease: l.seg, Err: l.err(now), Shared: l.isShared()}
+	if info.Err == nil && !info.Shared {
 		info.SafeFor = l.safeFor(now)
 	}
 	return info

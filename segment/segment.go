@@ -169,12 +169,37 @@ func (b Block) ID(l int64) snowflake.ID {
 // it would be ID 0 for code 0/0); Hi-Lo <= asked; ServiceTime is set and not
 // before snowflake.Epoch; ValidUntil is after ServiceTime.
 func (b Block) Check(l Lease, asked int64) error {
+	if b.Region != l.Region || b.Worker != l.Worker {
+		return fmt.Errorf("unusable block for code %d/%d: block is for code %d/%d: %w", l.Region, l.Worker, b.Region, b.Worker, ErrInvalid)
+	}
+	return b.check(asked)
+}
+
+// CheckShared is Check for a shared run (SharedAllocator) asked for in
+// region: b's worker must be a valid code of region, and its first ID
+// greater than after.
+func (b Block) CheckShared(region int, asked int64, after snowflake.ID) error {
+	switch {
+	case b.Region != region:
+		return fmt.Errorf("unusable shared run: code %d/%d is not in region %d: %w", b.Region, b.Worker, region, ErrInvalid)
+	case b.Worker < 0 || b.Worker > snowflake.MaxWorker:
+		return fmt.Errorf("unusable shared run: worker %d not in 0..%d: %w", b.Worker, snowflake.MaxWorker, ErrInvalid)
+	}
+	if err := b.check(asked); err != nil {
+		return err
+	}
+	if first := b.ID(b.Lo); first <= after {
+		return fmt.Errorf("unusable shared run for code %d/%d: first ID %d is not after %d: %w", b.Region, b.Worker, first, after, ErrInvalid)
+	}
+	return nil
+}
+
+// check is what Check and CheckShared have in common: the range and times.
+func (b Block) check(asked int64) error {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("unusable block for code %d/%d: %s: %w", l.Region, l.Worker, fmt.Sprintf(format, args...), ErrInvalid)
+		return fmt.Errorf("unusable block for code %d/%d: %s: %w", b.Region, b.Worker, fmt.Sprintf(format, args...), ErrInvalid)
 	}
 	switch {
-	case b.Region != l.Region || b.Worker != l.Worker:
-		return bad("block is for code %d/%d", b.Region, b.Worker)
 	case b.Lo < 1:
 		return bad("lo %d < 1", b.Lo)
 	case b.Hi <= b.Lo:
@@ -205,4 +230,29 @@ type Allocator interface {
 	Release(ctx context.Context, l Lease) error
 	// Allocate grants a block of about n IDs (the service may shrink it).
 	Allocate(ctx context.Context, l Lease, n int) (Block, error)
+}
+
+// MaxShared is the most positions one shared run may hold (SharedAllocator,
+// the AllocateShared RPC): 16 ms of one code's space, about half a second
+// of IDs for a client at 131,072 IDs/s, far above the rate at which a
+// client is better off with a worker code of its own.
+const MaxShared = 1 << 16
+
+// MaxClientID bounds the client_id of a shared-run request, in bytes.
+const MaxClientID = 128
+
+// SharedAllocator is an Allocator that also grants shared runs: dense runs
+// of positions of a worker code the service itself holds, carved from a
+// block whose high-water mark is already committed, for clients that do
+// not need a code of their own. The gRPC client stub implements it; the
+// store and most fakes do not, and a client over them takes a code.
+type SharedAllocator interface {
+	Allocator
+	// AllocateShared grants a run of at most n (1..MaxShared) positions
+	// in region whose first ID is greater than after; clientID (at most
+	// MaxClientID bytes) names the caller for the service's metrics. The
+	// block's code is the service's, not a lease of the caller: the
+	// caller mints it densely from Lo (no jump to the clock) and stops at
+	// ValidUntil.
+	AllocateShared(ctx context.Context, region, n int, after snowflake.ID, clientID string) (Block, error)
 }

@@ -659,6 +659,150 @@ func (x *NextResponse) GetId() int64 {
 	return 0
 }
 
+type AllocateSharedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Count         uint32                 `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`                      // positions wanted, 1..segment.MaxShared; the run may be shorter
+	AfterId       int64                  `protobuf:"varint,2,opt,name=after_id,json=afterId,proto3" json:"after_id,omitempty"`   // the run's first ID is greater than this (0: no bound)
+	ClientId      string                 `protobuf:"bytes,3,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"` // the caller's instance, for the shared-client count; at most 128 bytes
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AllocateSharedRequest) Reset() {
+	*x = AllocateSharedRequest{}
+	mi := &file_range_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AllocateSharedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AllocateSharedRequest) ProtoMessage() {}
+
+func (x *AllocateSharedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AllocateSharedRequest.ProtoReflect.Descriptor instead.
+func (*AllocateSharedRequest) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *AllocateSharedRequest) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *AllocateSharedRequest) GetAfterId() int64 {
+	if x != nil {
+		return x.AfterId
+	}
+	return 0
+}
+
+func (x *AllocateSharedRequest) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+type AllocateSharedResponse struct {
+	state               protoimpl.MessageState `protogen:"open.v1"`
+	Region              uint32                 `protobuf:"varint,1,opt,name=region,proto3" json:"region,omitempty"` // the code of the run
+	Worker              uint32                 `protobuf:"varint,2,opt,name=worker,proto3" json:"worker,omitempty"`
+	Lo                  int64                  `protobuf:"varint,3,opt,name=lo,proto3" json:"lo,omitempty"`                                                                  // first L of the run (inclusive)
+	Hi                  int64                  `protobuf:"varint,4,opt,name=hi,proto3" json:"hi,omitempty"`                                                                  // end of the run (exclusive)
+	ServiceTimeUnixNano int64                  `protobuf:"varint,5,opt,name=service_time_unix_nano,json=serviceTimeUnixNano,proto3" json:"service_time_unix_nano,omitempty"` // the service's clock at grant
+	ValidUntilUnixNano  int64                  `protobuf:"varint,6,opt,name=valid_until_unix_nano,json=validUntilUnixNano,proto3" json:"valid_until_unix_nano,omitempty"`    // service time after which the run must not be used
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *AllocateSharedResponse) Reset() {
+	*x = AllocateSharedResponse{}
+	mi := &file_range_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AllocateSharedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AllocateSharedResponse) ProtoMessage() {}
+
+func (x *AllocateSharedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AllocateSharedResponse.ProtoReflect.Descriptor instead.
+func (*AllocateSharedResponse) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *AllocateSharedResponse) GetRegion() uint32 {
+	if x != nil {
+		return x.Region
+	}
+	return 0
+}
+
+func (x *AllocateSharedResponse) GetWorker() uint32 {
+	if x != nil {
+		return x.Worker
+	}
+	return 0
+}
+
+func (x *AllocateSharedResponse) GetLo() int64 {
+	if x != nil {
+		return x.Lo
+	}
+	return 0
+}
+
+func (x *AllocateSharedResponse) GetHi() int64 {
+	if x != nil {
+		return x.Hi
+	}
+	return 0
+}
+
+func (x *AllocateSharedResponse) GetServiceTimeUnixNano() int64 {
+	if x != nil {
+		return x.ServiceTimeUnixNano
+	}
+	return 0
+}
+
+func (x *AllocateSharedResponse) GetValidUntilUnixNano() int64 {
+	if x != nil {
+		return x.ValidUntilUnixNano
+	}
+	return 0
+}
+
 type GetReplicaInfoRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -667,7 +811,7 @@ type GetReplicaInfoRequest struct {
 
 func (x *GetReplicaInfoRequest) Reset() {
 	*x = GetReplicaInfoRequest{}
-	mi := &file_range_proto_msgTypes[13]
+	mi := &file_range_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -679,7 +823,7 @@ func (x *GetReplicaInfoRequest) String() string {
 func (*GetReplicaInfoRequest) ProtoMessage() {}
 
 func (x *GetReplicaInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[13]
+	mi := &file_range_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -692,21 +836,26 @@ func (x *GetReplicaInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetReplicaInfoRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{13}
+	return file_range_proto_rawDescGZIP(), []int{15}
 }
 
 // GetReplicaInfoResponse describes one replica. Later fields (a version,
 // say) are added with new numbers; clients ignore what they do not know.
 type GetReplicaInfoResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Region        uint32                 `protobuf:"varint,1,opt,name=region,proto3" json:"region,omitempty"` // 0..3, the region whose codes this replica leases
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Region uint32                 `protobuf:"varint,1,opt,name=region,proto3" json:"region,omitempty"` // 0..3, the region whose codes this replica leases
+	// The shared path (AllocateShared) as this replica sees it: distinct
+	// client_ids granted a run in the last minute, and the worker codes its
+	// own minter holds (0 before its first use, else 1).
+	SharedClients uint32 `protobuf:"varint,2,opt,name=shared_clients,json=sharedClients,proto3" json:"shared_clients,omitempty"`
+	CodesHeld     uint32 `protobuf:"varint,3,opt,name=codes_held,json=codesHeld,proto3" json:"codes_held,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetReplicaInfoResponse) Reset() {
 	*x = GetReplicaInfoResponse{}
-	mi := &file_range_proto_msgTypes[14]
+	mi := &file_range_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -718,7 +867,7 @@ func (x *GetReplicaInfoResponse) String() string {
 func (*GetReplicaInfoResponse) ProtoMessage() {}
 
 func (x *GetReplicaInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[14]
+	mi := &file_range_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -731,12 +880,26 @@ func (x *GetReplicaInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetReplicaInfoResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{14}
+	return file_range_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetReplicaInfoResponse) GetRegion() uint32 {
 	if x != nil {
 		return x.Region
+	}
+	return 0
+}
+
+func (x *GetReplicaInfoResponse) GetSharedClients() uint32 {
+	if x != nil {
+		return x.SharedClients
+	}
+	return 0
+}
+
+func (x *GetReplicaInfoResponse) GetCodesHeld() uint32 {
+	if x != nil {
+		return x.CodesHeld
 	}
 	return 0
 }
@@ -779,10 +942,24 @@ const file_range_proto_rawDesc = "" +
 	"\x03ids\x18\x01 \x03(\x03R\x03ids\"\r\n" +
 	"\vNextRequest\"\x1e\n" +
 	"\fNextResponse\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\x03R\x02id\"\x17\n" +
-	"\x15GetReplicaInfoRequest\"0\n" +
+	"\x02id\x18\x01 \x01(\x03R\x02id\"e\n" +
+	"\x15AllocateSharedRequest\x12\x14\n" +
+	"\x05count\x18\x01 \x01(\rR\x05count\x12\x19\n" +
+	"\bafter_id\x18\x02 \x01(\x03R\aafterId\x12\x1b\n" +
+	"\tclient_id\x18\x03 \x01(\tR\bclientId\"\xd0\x01\n" +
+	"\x16AllocateSharedResponse\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\rR\x06region\x12\x16\n" +
+	"\x06worker\x18\x02 \x01(\rR\x06worker\x12\x0e\n" +
+	"\x02lo\x18\x03 \x01(\x03R\x02lo\x12\x0e\n" +
+	"\x02hi\x18\x04 \x01(\x03R\x02hi\x123\n" +
+	"\x16service_time_unix_nano\x18\x05 \x01(\x03R\x13serviceTimeUnixNano\x121\n" +
+	"\x15valid_until_unix_nano\x18\x06 \x01(\x03R\x12validUntilUnixNano\"\x17\n" +
+	"\x15GetReplicaInfoRequest\"v\n" +
 	"\x16GetReplicaInfoResponse\x12\x16\n" +
-	"\x06region\x18\x01 \x01(\rR\x06region2\xcb\x04\n" +
+	"\x06region\x18\x01 \x01(\rR\x06region\x12%\n" +
+	"\x0eshared_clients\x18\x02 \x01(\rR\rsharedClients\x12\x1d\n" +
+	"\n" +
+	"codes_held\x18\x03 \x01(\rR\tcodesHeld2\xa4\x05\n" +
 	"\fRangeService\x12Q\n" +
 	"\fAcquireLease\x12\x1f.idrange.v1.AcquireLeaseRequest\x1a .idrange.v1.AcquireLeaseResponse\x12K\n" +
 	"\n" +
@@ -791,7 +968,8 @@ const file_range_proto_rawDesc = "" +
 	"\rAllocateBlock\x12 .idrange.v1.AllocateBlockRequest\x1a!.idrange.v1.AllocateBlockResponse\x12Y\n" +
 	"\tMintBatch\x12\x1c.idrange.v1.MintBatchRequest\x1a\x1d.idrange.v1.MintBatchResponse\"\x0f\x82\xd3\xe4\x93\x02\t\x12\a/v1/ids\x12>\n" +
 	"\x04Next\x12\x17.idrange.v1.NextRequest\x1a\x18.idrange.v1.NextResponse\"\x03\x88\x02\x01\x12W\n" +
-	"\x0eGetReplicaInfo\x12!.idrange.v1.GetReplicaInfoRequest\x1a\".idrange.v1.GetReplicaInfoResponseB4Z2github.com/idrange/idrange/api/idrangev1;idrangev1b\x06proto3"
+	"\x0eGetReplicaInfo\x12!.idrange.v1.GetReplicaInfoRequest\x1a\".idrange.v1.GetReplicaInfoResponse\x12W\n" +
+	"\x0eAllocateShared\x12!.idrange.v1.AllocateSharedRequest\x1a\".idrange.v1.AllocateSharedResponseB4Z2github.com/idrange/idrange/api/idrangev1;idrangev1b\x06proto3"
 
 var (
 	file_range_proto_rawDescOnce sync.Once
@@ -805,7 +983,7 @@ func file_range_proto_rawDescGZIP() []byte {
 	return file_range_proto_rawDescData
 }
 
-var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_range_proto_goTypes = []any{
 	(*Lease)(nil),                  // 0: idrange.v1.Lease
 	(*AcquireLeaseRequest)(nil),    // 1: idrange.v1.AcquireLeaseRequest
@@ -820,8 +998,10 @@ var file_range_proto_goTypes = []any{
 	(*MintBatchResponse)(nil),      // 10: idrange.v1.MintBatchResponse
 	(*NextRequest)(nil),            // 11: idrange.v1.NextRequest
 	(*NextResponse)(nil),           // 12: idrange.v1.NextResponse
-	(*GetReplicaInfoRequest)(nil),  // 13: idrange.v1.GetReplicaInfoRequest
-	(*GetReplicaInfoResponse)(nil), // 14: idrange.v1.GetReplicaInfoResponse
+	(*AllocateSharedRequest)(nil),  // 13: idrange.v1.AllocateSharedRequest
+	(*AllocateSharedResponse)(nil), // 14: idrange.v1.AllocateSharedResponse
+	(*GetReplicaInfoRequest)(nil),  // 15: idrange.v1.GetReplicaInfoRequest
+	(*GetReplicaInfoResponse)(nil), // 16: idrange.v1.GetReplicaInfoResponse
 }
 var file_range_proto_depIdxs = []int32{
 	0,  // 0: idrange.v1.AcquireLeaseResponse.lease:type_name -> idrange.v1.Lease
@@ -834,16 +1014,18 @@ var file_range_proto_depIdxs = []int32{
 	7,  // 7: idrange.v1.RangeService.AllocateBlock:input_type -> idrange.v1.AllocateBlockRequest
 	9,  // 8: idrange.v1.RangeService.MintBatch:input_type -> idrange.v1.MintBatchRequest
 	11, // 9: idrange.v1.RangeService.Next:input_type -> idrange.v1.NextRequest
-	13, // 10: idrange.v1.RangeService.GetReplicaInfo:input_type -> idrange.v1.GetReplicaInfoRequest
-	2,  // 11: idrange.v1.RangeService.AcquireLease:output_type -> idrange.v1.AcquireLeaseResponse
-	4,  // 12: idrange.v1.RangeService.RenewLease:output_type -> idrange.v1.RenewLeaseResponse
-	6,  // 13: idrange.v1.RangeService.ReleaseLease:output_type -> idrange.v1.ReleaseLeaseResponse
-	8,  // 14: idrange.v1.RangeService.AllocateBlock:output_type -> idrange.v1.AllocateBlockResponse
-	10, // 15: idrange.v1.RangeService.MintBatch:output_type -> idrange.v1.MintBatchResponse
-	12, // 16: idrange.v1.RangeService.Next:output_type -> idrange.v1.NextResponse
-	14, // 17: idrange.v1.RangeService.GetReplicaInfo:output_type -> idrange.v1.GetReplicaInfoResponse
-	11, // [11:18] is the sub-list for method output_type
-	4,  // [4:11] is the sub-list for method input_type
+	15, // 10: idrange.v1.RangeService.GetReplicaInfo:input_type -> idrange.v1.GetReplicaInfoRequest
+	13, // 11: idrange.v1.RangeService.AllocateShared:input_type -> idrange.v1.AllocateSharedRequest
+	2,  // 12: idrange.v1.RangeService.AcquireLease:output_type -> idrange.v1.AcquireLeaseResponse
+	4,  // 13: idrange.v1.RangeService.RenewLease:output_type -> idrange.v1.RenewLeaseResponse
+	6,  // 14: idrange.v1.RangeService.ReleaseLease:output_type -> idrange.v1.ReleaseLeaseResponse
+	8,  // 15: idrange.v1.RangeService.AllocateBlock:output_type -> idrange.v1.AllocateBlockResponse
+	10, // 16: idrange.v1.RangeService.MintBatch:output_type -> idrange.v1.MintBatchResponse
+	12, // 17: idrange.v1.RangeService.Next:output_type -> idrange.v1.NextResponse
+	16, // 18: idrange.v1.RangeService.GetReplicaInfo:output_type -> idrange.v1.GetReplicaInfoResponse
+	14, // 19: idrange.v1.RangeService.AllocateShared:output_type -> idrange.v1.AllocateSharedResponse
+	12, // [12:20] is the sub-list for method output_type
+	4,  // [4:12] is the sub-list for method input_type
 	4,  // [4:4] is the sub-list for extension type_name
 	4,  // [4:4] is the sub-list for extension extendee
 	0,  // [0:4] is the sub-list for field type_name
@@ -860,7 +1042,7 @@ func file_range_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_range_proto_rawDesc), len(file_range_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -30,6 +30,7 @@ const (
 	RangeService_MintBatch_FullMethodName      = "/idrange.v1.RangeService/MintBatch"
 	RangeService_Next_FullMethodName           = "/idrange.v1.RangeService/Next"
 	RangeService_GetReplicaInfo_FullMethodName = "/idrange.v1.RangeService/GetReplicaInfo"
+	RangeService_AllocateShared_FullMethodName = "/idrange.v1.RangeService/AllocateShared"
 )
 
 // RangeServiceClient is the client API for RangeService service.
@@ -71,6 +72,20 @@ type RangeServiceClient interface {
 	// need not be configured with it. It reads no store state and answers
 	// while etcd is down.
 	GetReplicaInfo(ctx context.Context, in *GetReplicaInfoRequest, opts ...grpc.CallOption) (*GetReplicaInfoResponse, error)
+	// AllocateShared grants a dense run [lo, hi) of linear positions of the
+	// replica's own worker code (the one its MintBatch/Next minter holds),
+	// carved from a block whose high-water mark is already committed: no
+	// etcd write per grant, and no worker code for the caller. The run's
+	// first ID is greater than after_id, so a client moving between replicas
+	// keeps its IDs in order. The caller mints the run densely from lo and
+	// must stop at valid_until_unix_nano (at most 1 s after the run's first
+	// millisecond): its IDs are then never more than 1 s behind when handed
+	// out. A count outside 1..segment.MaxShared or a client_id longer than
+	// 128 bytes is InvalidArgument; a caller over its identity's rate is
+	// ResourceExhausted with a retry delay; a replica that cannot carve now
+	// (its minter has no block, its lease is near its deadline, after_id is
+	// too far ahead) is Unavailable: retry, here or at another replica.
+	AllocateShared(ctx context.Context, in *AllocateSharedRequest, opts ...grpc.CallOption) (*AllocateSharedResponse, error)
 }
 
 type rangeServiceClient struct {
@@ -152,6 +167,16 @@ func (c *rangeServiceClient) GetReplicaInfo(ctx context.Context, in *GetReplicaI
 	return out, nil
 }
 
+func (c *rangeServiceClient) AllocateShared(ctx context.Context, in *AllocateSharedRequest, opts ...grpc.CallOption) (*AllocateSharedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AllocateSharedResponse)
+	err := c.cc.Invoke(ctx, RangeService_AllocateShared_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RangeServiceServer is the server API for RangeService service.
 // All implementations must embed UnimplementedRangeServiceServer
 // for forward compatibility.
@@ -191,6 +216,20 @@ type RangeServiceServer interface {
 	// need not be configured with it. It reads no store state and answers
 	// while etcd is down.
 	GetReplicaInfo(context.Context, *GetReplicaInfoRequest) (*GetReplicaInfoResponse, error)
+	// AllocateShared grants a dense run [lo, hi) of linear positions of the
+	// replica's own worker code (the one its MintBatch/Next minter holds),
+	// carved from a block whose high-water mark is already committed: no
+	// etcd write per grant, and no worker code for the caller. The run's
+	// first ID is greater than after_id, so a client moving between replicas
+	// keeps its IDs in order. The caller mints the run densely from lo and
+	// must stop at valid_until_unix_nano (at most 1 s after the run's first
+	// millisecond): its IDs are then never more than 1 s behind when handed
+	// out. A count outside 1..segment.MaxShared or a client_id longer than
+	// 128 bytes is InvalidArgument; a caller over its identity's rate is
+	// ResourceExhausted with a retry delay; a replica that cannot carve now
+	// (its minter has no block, its lease is near its deadline, after_id is
+	// too far ahead) is Unavailable: retry, here or at another replica.
+	AllocateShared(context.Context, *AllocateSharedRequest) (*AllocateSharedResponse, error)
 	mustEmbedUnimplementedRangeServiceServer()
 }
 
@@ -221,6 +260,9 @@ func (UnimplementedRangeServiceServer) Next(context.Context, *NextRequest) (*Nex
 }
 func (UnimplementedRangeServiceServer) GetReplicaInfo(context.Context, *GetReplicaInfoRequest) (*GetReplicaInfoResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetReplicaInfo not implemented")
+}
+func (UnimplementedRangeServiceServer) AllocateShared(context.Context, *AllocateSharedRequest) (*AllocateSharedResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AllocateShared not implemented")
 }
 func (UnimplementedRangeServiceServer) mustEmbedUnimplementedRangeServiceServer() {}
 func (UnimplementedRangeServiceServer) testEmbeddedByValue()                      {}
@@ -369,6 +411,24 @@ func _RangeService_GetReplicaInfo_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RangeService_AllocateShared_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AllocateSharedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RangeServiceServer).AllocateShared(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RangeService_AllocateShared_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RangeServiceServer).AllocateShared(ctx, req.(*AllocateSharedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RangeService_ServiceDesc is the grpc.ServiceDesc for RangeService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -403,6 +463,10 @@ var RangeService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetReplicaInfo",
 			Handler:    _RangeService_GetReplicaInfo_Handler,
+		},
+		{
+			MethodName: "AllocateShared",
+			Handler:    _RangeService_AllocateShared_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -153,6 +153,7 @@ func (c serveConfig) replicaConfig(cli *clientv3.Client, clk func() time.Time, r
 		Store:         c.storeConfig(),
 		Now:           clk,
 		RollbackBound: c.RollbackBound,
+		SharedRate:    c.sharedRate(),
 		EtcdTimeout:   c.EtcdTimeout,
 		Registry:      reg,
 		Next:          nextMinter(serveNextOwner(), log.With("component", "next-minter")),
@@ -164,6 +165,14 @@ func (c serveConfig) replicaConfig(cli *clientv3.Client, clk func() time.Time, r
 	}
 	c.Security.applyReplica(&rc)
 	return rc
+}
+
+// sharedRate is --shared-rate for the service: 0 (off) becomes negative.
+func (c serveConfig) sharedRate() float64 {
+	if c.SharedRate == 0 {
+		return -1
+	}
+	return float64(c.SharedRate)
 }
 
 // embeddedAutoCompaction is the embedded etcd's own periodic compaction

@@ -31,6 +31,9 @@ const (
 	defaultEtcdPeerURL   = "https://127.0.0.1:2380"
 	defaultShutdown      = 10 * time.Second
 	defaultDrainDelay    = 5 * time.Second
+	// maxSharedRate bounds --shared-rate: far above what one replica's
+	// code can carve (4,096,000 IDs/s, more with its lead).
+	maxSharedRate = 1e9
 )
 
 // serveConfig is `rangesvc serve`'s flags, one field per flag. Zero values
@@ -74,6 +77,11 @@ type serveConfig struct {
 	// MaxLead (--max-lead, default 15s) bounds how far a code's HWM may run
 	// ahead of the service clock before grants are refused (backpressure).
 	MaxLead time.Duration
+	// SharedRate (--shared-rate, default 2000000; 0 = off) bounds the
+	// shared path (AllocateShared: clients that hold no worker code mint
+	// from runs of this replica's own code) per caller identity, in IDs/s;
+	// every client without mutual TLS is one identity.
+	SharedRate int64
 	// RollbackBound (--rollback-bound, default 5ms): a service clock this far
 	// behind the highest time seen reports NOT_SERVING.
 	RollbackBound time.Duration
@@ -174,6 +182,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", store.DefaultLeaseTTL, "worker-code lease TTL (whole seconds, >= 2s)")
 	fs.IntVar(&c.MaxBlock, "max-block", int(segment.DefaultMaxBlock), "largest block a request may ask for, in IDs")
 	fs.DurationVar(&c.MaxLead, "max-lead", segment.DefaultMaxLead, "how far a code's HWM may run ahead of the clock")
+	fs.Int64Var(&c.SharedRate, "shared-rate", service.DefaultSharedRate, "shared path (clients without a worker code of their own): IDs/s per caller identity on this replica (0: off)")
 	fs.DurationVar(&c.RollbackBound, "rollback-bound", service.DefaultRollbackBound, "clock rollback that makes the replica NOT_SERVING")
 	fs.StringVar(&c.KeyPrefix, "key-prefix", etcdstore.DefaultPrefix, "etcd key prefix")
 	fs.DurationVar(&c.EtcdTimeout, "etcd-timeout", region.DefaultEtcdTimeout, "timeout for connecting to etcd and health probes")
@@ -253,6 +262,8 @@ func (c serveConfig) Validate() error {
 		return errors.Newf("--max-lead %v must be whole milliseconds, at least 1s", c.MaxLead)
 	case c.RollbackBound < 0:
 		return errors.Newf("--rollback-bound %v must not be negative", c.RollbackBound)
+	case c.SharedRate < 0 || c.SharedRate > maxSharedRate:
+		return errors.Newf("--shared-rate %d not in 0..%d IDs/s (0 turns the shared path off)", c.SharedRate, int64(maxSharedRate))
 	case c.EtcdTimeout <= 0:
 		return errors.Newf("--etcd-timeout %v must be positive", c.EtcdTimeout)
 	case c.ShutdownTimeout <= 0:

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/idrange/idrange/internal/server/cli"
+	"github.com/idrange/idrange/internal/server/service"
 	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/segment"
 )
@@ -39,6 +40,7 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"serve", "--region", "0", "--max-block", "0"}, "--max-block 0"},
 		{[]string{"serve", "--region", "0", "--max-lead", "10ms"}, "--max-lead"},
 		{[]string{"serve", "--region", "0", "--rollback-bound", "-1ms"}, "--rollback-bound"},
+		{[]string{"serve", "--region", "0", "--shared-rate", "-1"}, "--shared-rate -1 not in 0..1000000000 IDs/s"},
 		{[]string{"serve", "--region", "0", "--key-prefix", "idrange"}, "--key-prefix"},
 		{[]string{"serve", "--region", "0", "--log-level", "loud"}, "--log-level"},
 		{[]string{"serve", "--region", "0", "--shutdown-timeout", "0s"}, "--shutdown-timeout"},
@@ -84,8 +86,13 @@ func TestServeFlagsDefaults(t *testing.T) {
 	if c.Listen != defaultListen || c.Metrics != defaultMetrics || c.DataDir != defaultDataDir ||
 		c.DrainDelay != defaultDrainDelay || c.LogFormat != logText || c.ConfigFile != "" ||
 		c.LeaseTTL != store.DefaultLeaseTTL || c.MaxLead != segment.DefaultMaxLead || len(c.Etcd) != 0 || c.Region != 2 ||
+		c.SharedRate != service.DefaultSharedRate || c.sharedRate() != service.DefaultSharedRate ||
 		c.EtcdClientURL != "https://127.0.0.1:2379" || c.EtcdPeerURL != "https://127.0.0.1:2380" {
 		t.Fatalf("defaults = %+v", c)
+	}
+	// --shared-rate 0 turns the shared path off (a negative service rate).
+	if c, err := parseServeFlags([]string{"--region", "2", "--shared-rate", "0"}, &strings.Builder{}); err != nil || c.sharedRate() >= 0 {
+		t.Fatalf("--shared-rate 0: rate %v, %v; want off", c.sharedRate(), err)
 	}
 	// The embedded etcd on another interface, on purpose.
 	c, err = parseServeFlags([]string{"--region", "2", "--insecure", "--etcd-client-url", "https://0.0.0.0:2379",

@@ -94,6 +94,10 @@ type ReplicaConfig struct {
 	Next NextFunc
 	// Logger receives store and service logs. Default: discard.
 	Logger *slog.Logger
+	// SharedRate bounds the shared path (AllocateShared, served from the
+	// Next minter's blocks) per caller identity, in IDs/s
+	// (service.Config.SharedRate): 0 the service's default, negative off.
+	SharedRate float64
 
 	// CompactionInterval is how often this replica compacts etcd's history
 	// while it holds the compactor key (<Prefix>compactor; one replica of
@@ -323,6 +327,8 @@ func (r *Replica) serviceConfig() service.Config {
 		Allocator:     st,
 		Now:           cfg.Now,
 		MaxBlock:      int(st.Policy().MaxBlock),
+		SharedRate:    cfg.SharedRate,
+		SharedLead:    st.Policy().MaxLead,
 		RollbackBound: cfg.RollbackBound,
 		StoreCheck: func(ctx context.Context) error {
 			if r.ident == nil {

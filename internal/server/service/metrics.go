@@ -90,6 +90,31 @@ type Metrics struct {
 	// hwm_lead_seconds near it means the next grants on that code are
 	// refused with backpressure.
 	MaxLead prometheus.Gauge
+
+	// The shared path (AllocateShared).
+	//
+	// SharedGrants counts AllocateShared calls by outcome, "granted" or
+	// "refused" (idrange_service_shared_grants_total{outcome}).
+	SharedGrants *prometheus.CounterVec
+	// SharedIDs counts the positions granted in shared runs
+	// (idrange_service_shared_ids_total).
+	SharedIDs prometheus.Counter
+	// SharedRefused counts refused AllocateShared calls by reason:
+	// rate_limited (the identity is over --shared-rate), unavailable (the
+	// replica's minter cannot carve now), no_minter, invalid, error
+	// (idrange_service_shared_refused_total{reason}).
+	SharedRefused *prometheus.CounterVec
+	// SharedClients is the number of distinct client_ids granted a run in
+	// the last minute (idrange_service_shared_clients).
+	SharedClients prometheus.Gauge
+	// SharedRateLimit is the configured bound per identity, in IDs/s
+	// (idrange_service_shared_rate_limit_ids_per_second; 0 when the shared
+	// path is off).
+	SharedRateLimit prometheus.Gauge
+	// SharedUsage is the busiest identity's shared rate (over about 10 s)
+	// divided by the bound (idrange_service_shared_usage_ratio): near 1
+	// its clients are being refused.
+	SharedUsage prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them on reg (nil: none).
@@ -144,10 +169,24 @@ func NewMetrics(reg prometheus.Registerer, clk func() time.Time) (*Metrics, erro
 		MintedIDs: counter("minted_ids_total", "IDs handed out by MintBatch and Next (the replica's own minter)."),
 		LeaseTTL:  gauge("lease_ttl_seconds", "Worker-code lease TTL the store grants."),
 		MaxLead:   gauge("max_lead_seconds", "How far a grant may run ahead of the service clock before backpressure (the grant policy's MaxLead)."),
+		SharedGrants: prometheus.NewCounterVec(prometheus.CounterOpts(o("shared_grants_total",
+			"AllocateShared calls by outcome (granted, refused).")), []string{"outcome"}),
+		SharedIDs: counter("shared_ids_total", "Positions granted in shared runs (AllocateShared)."),
+		SharedRefused: prometheus.NewCounterVec(prometheus.CounterOpts(o("shared_refused_total",
+			"Refused AllocateShared calls by reason (rate_limited, unavailable, no_minter, invalid, error).")), []string{"reason"}),
+		SharedClients:   gauge("shared_clients", "Distinct client_ids granted a shared run in the last minute."),
+		SharedRateLimit: gauge("shared_rate_limit_ids_per_second", "The shared path's bound per caller identity, in IDs/s (0: the shared path is off)."),
+		SharedUsage:     gauge("shared_usage_ratio", "The busiest identity's shared rate (about 10 s) over the bound: near 1, its clients are refused."),
+	}
+	for _, o := range []string{"granted", "refused"} {
+		m.SharedGrants.WithLabelValues(o)
+	}
+	for _, r := range []string{sharedRateLimited, sharedUnavailable, sharedNoMinter, sharedInvalid, sharedOther} {
+		m.SharedRefused.WithLabelValues(r)
 	}
 	// Create the error series that matter for alerts up front, so they
 	// scrape as 0 (and rate() works) before the first failure.
-	for _, method := range []string{"AcquireLease", "RenewLease", "ReleaseLease", "AllocateBlock", "MintBatch", "Next"} {
+	for _, method := range []string{"AcquireLease", "RenewLease", "ReleaseLease", "AllocateBlock", "MintBatch", "Next", "AllocateShared"} {
 		for _, code := range []codes.Code{codes.InvalidArgument, codes.FailedPrecondition, codes.ResourceExhausted,
 			codes.Unavailable, codes.DataLoss, codes.OutOfRange, codes.Internal} {
 			m.Errors.WithLabelValues(method, code.String())
@@ -167,7 +206,8 @@ func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.BlockGrants, m.BlockSize, m.GrantLatency, m.GrantConflicts,
 		m.CorruptValues, m.HWMRegressions, m.HWMRegressedCodes, m.LeaseAcquisitions, m.LeaseAcquireFailures, m.LeaseRenewals,
 		m.LeaseRenewalFailures, m.LeaseReleases, m.FreeCodes, m.HWMLead, m.ClockRollbackMs,
-		m.RemainingEpochLife, m.Errors, m.Serving, m.MintedIDs, m.LeaseTTL, m.MaxLead}
+		m.RemainingEpochLife, m.Errors, m.Serving, m.MintedIDs, m.LeaseTTL, m.MaxLead,
+		m.SharedGrants, m.SharedIDs, m.SharedRefused, m.SharedClients, m.SharedRateLimit, m.SharedUsage}
 }
 
 // SetStoreConfig exports the store's lease TTL and grant policy (pass
@@ -215,6 +255,12 @@ var MetricNames = []string{
 	"idrange_service_minted_ids_total",
 	"idrange_service_lease_ttl_seconds",
 	"idrange_service_max_lead_seconds",
+	"idrange_service_shared_grants_total",
+	"idrange_service_shared_ids_total",
+	"idrange_service_shared_refused_total",
+	"idrange_service_shared_clients",
+	"idrange_service_shared_rate_limit_ids_per_second",
+	"idrange_service_shared_usage_ratio",
 }
 
 // StoreObserver returns a store.Observer that feeds m with the events

@@ -61,6 +61,13 @@ func (l *LazyMinter) get(ctx context.Context) (MinterCloser, error) {
 	return m, nil
 }
 
+// opened reports whether the minter was opened (and not closed).
+func (l *LazyMinter) opened() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.m != nil && !l.closed
+}
+
 // Close closes the minter if it was opened; later calls fail.
 func (l *LazyMinter) Close() error {
 	l.mu.Lock()

@@ -30,6 +30,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"time"
 
@@ -124,6 +125,15 @@ type Config struct {
 	// It can be set later with SetMinter (it usually needs the service's
 	// own allocator to exist first).
 	Minter Minter
+	// SharedRate bounds the shared path (AllocateShared) per caller
+	// identity, in IDs/s (rangesvc serve --shared-rate). 0:
+	// DefaultSharedRate; negative: the shared path is off (AllocateShared
+	// answers Unimplemented, and clients take worker codes).
+	SharedRate float64
+	// SharedLead bounds how far ahead of the service clock a shared run
+	// may start when the caller's after_id pushes it ahead; keep it equal
+	// to the store's policy MaxLead. Default segment.DefaultMaxLead.
+	SharedLead time.Duration
 	// Metrics, if set, are used as they are (create them first with
 	// NewMetrics when the store needs Metrics.StoreObserver before the
 	// Service exists); Registerer is then ignored.
@@ -160,6 +170,12 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.SharedRate == 0 {
+		c.SharedRate = DefaultSharedRate
+	}
+	if c.SharedLead == 0 {
+		c.SharedLead = segment.DefaultMaxLead
+	}
 	return c
 }
 
@@ -175,6 +191,10 @@ func (c Config) Validate() error {
 		return errors.Newf("service: Config.MaxBlock %d not in 1..%d", c.MaxBlock, segment.MaxBlockLimit)
 	case c.RollbackBound < 0:
 		return errors.Newf("service: Config.RollbackBound %v is negative", c.RollbackBound)
+	case math.IsNaN(c.SharedRate) || math.IsInf(c.SharedRate, 0):
+		return errors.Newf("service: Config.SharedRate %v is not a number of IDs/s", c.SharedRate)
+	case c.SharedLead < 0:
+		return errors.Newf("service: Config.SharedLead %v is negative", c.SharedLead)
 	}
 	for name, d := range map[string]time.Duration{"CheckInterval": c.CheckInterval,
 		"StoreCheckTimeout": c.StoreCheckTimeout, "FreeCodesInterval": c.FreeCodesInterval,
@@ -204,6 +224,7 @@ type Service struct {
 	serving    bool
 	shutdown   bool
 	minter     Minter
+	shared     *sharedLimiter // nil: the shared path is off
 	lastStatus healthpb.HealthCheckResponse_ServingStatus
 }
 
@@ -228,6 +249,10 @@ func New(cfg Config) (*Service, error) {
 		metrics: m,
 		health:  health.NewServer(),
 		minter:  cfg.Minter,
+	}
+	if cfg.SharedRate > 0 {
+		s.shared = newSharedLimiter(cfg.SharedRate)
+		m.SharedRateLimit.Set(cfg.SharedRate)
 	}
 	s.observe() // first reading: the floor for rollback detection
 	s.updateHealth()
@@ -302,6 +327,7 @@ func (s *Service) Run(ctx context.Context) {
 			return
 		case <-check.C:
 			s.Check(ctx)
+			s.sweepShared()
 		case <-free.C:
 			s.refreshFreeCodes(ctx)
 		}
@@ -639,7 +665,10 @@ func (s *Service) mint(ctx context.Context, method string, n int) ([]snowflake.I
 func (s *Service) GetReplicaInfo(ctx context.Context, _ *idrangev1.GetReplicaInfoRequest) (*idrangev1.GetReplicaInfoResponse, error) {
 	var resp *idrangev1.GetReplicaInfoResponse
 	err := s.rpc(ctx, "GetReplicaInfo", func(context.Context) error {
-		resp = &idrangev1.GetReplicaInfoResponse{Region: uint32(s.cfg.Region)}
+		resp = &idrangev1.GetReplicaInfoResponse{Region: uint32(s.cfg.Region), CodesHeld: uint32(s.codesHeld())}
+		if s.shared != nil {
+			resp.SharedClients = uint32(s.shared.clientCount())
+		}
 		return nil
 	})
 	if err != nil {

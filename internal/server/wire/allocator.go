@@ -122,6 +122,63 @@ func (a *allocator) Allocate(ctx context.Context, l segment.Lease, n int) (segme
 	return b, nil
 }
 
+var _ segment.SharedAllocator = (*allocator)(nil)
+
+func (a *allocator) AllocateShared(ctx context.Context, region, n int, after snowflake.ID, clientID string) (segment.Block, error) {
+	if err := segment.ValidateRegion(region); err != nil {
+		return segment.Block{}, err
+	}
+	switch {
+	case n < 1 || n > segment.MaxShared:
+		return segment.Block{}, fmt.Errorf("count %d not in 1..%d: %w", n, segment.MaxShared, segment.ErrInvalid)
+	case after < 0:
+		return segment.Block{}, fmt.Errorf("after ID %d is negative: %w", after, segment.ErrInvalid)
+	case len(clientID) > segment.MaxClientID:
+		return segment.Block{}, fmt.Errorf("client ID of %d bytes, more than %d: %w", len(clientID), segment.MaxClientID, segment.ErrInvalid)
+	}
+	resp, err := a.c.AllocateShared(ctx, &idrangev1.AllocateSharedRequest{Count: uint32(n), AfterId: int64(after), ClientId: clientID})
+	if err != nil {
+		return segment.Block{}, FromStatus(err)
+	}
+	b := SharedFromProto(resp)
+	if err := b.CheckShared(region, int64(n), after); err != nil {
+		return segment.Block{}, malformed("AllocateShared", err)
+	}
+	return b, nil
+}
+
+// SharedToProto converts a shared run for the AllocateShared reply.
+func SharedToProto(b segment.Block) *idrangev1.AllocateSharedResponse {
+	return &idrangev1.AllocateSharedResponse{
+		Region:              uint32(b.Region),
+		Worker:              uint32(b.Worker),
+		Lo:                  b.Lo,
+		Hi:                  b.Hi,
+		ServiceTimeUnixNano: b.ServiceTime.UnixNano(),
+		ValidUntilUnixNano:  b.ValidUntil.UnixNano(),
+	}
+}
+
+// SharedFromProto converts an AllocateShared reply. A region or worker too
+// large for an int32 becomes -1, which Block.CheckShared refuses. It does
+// not validate.
+func SharedFromProto(p *idrangev1.AllocateSharedResponse) segment.Block {
+	code := func(v uint32) int {
+		if v > math.MaxInt32 {
+			return -1
+		}
+		return int(v)
+	}
+	return segment.Block{
+		Region:      code(p.GetRegion()),
+		Worker:      code(p.GetWorker()),
+		Lo:          p.GetLo(),
+		Hi:          p.GetHi(),
+		ServiceTime: unixNano(p.GetServiceTimeUnixNano()),
+		ValidUntil:  unixNano(p.GetValidUntilUnixNano()),
+	}
+}
+
 // leaseRequest checks l's fields (segment.Lease.Validate) and converts it
 // for a request.
 func leaseRequest(l segment.Lease) (*idrangev1.Lease, error) {

@@ -109,6 +109,9 @@ type Config struct {
 	NextMinter region.NextFunc
 	// Logger receives store and service logs; nil discards them.
 	Logger *slog.Logger
+	// SharedRate is ReplicaConfig.SharedRate: the shared path's bound per
+	// identity in IDs/s (0: the service's default; negative: off).
+	SharedRate float64
 	// TLS, AllowedIdentities and AdminIdentities are the replica's
 	// (region.ReplicaConfig): TLS on the gRPC port, mutual TLS with identity-bound
 	// leases when TLS requires client certificates. Addr stays
@@ -289,6 +292,7 @@ func (r *Region) start(addr string) error {
 		WrapStorage: func(s store.BatchStorage) store.BatchStorage {
 			return countingStorage{s, &r.txns}
 		},
+		SharedRate: r.cfg.SharedRate,
 		// An in-process region's etcd is its own: the first replica
 		// initialises the region record (as rangesvc serve does on its
 		// embedded etcd).

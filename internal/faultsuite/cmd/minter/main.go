@@ -60,6 +60,7 @@ type config struct {
 	stdinEOF     bool
 	logLevel     string
 	failurePause time.Duration
+	codes        int
 	tls          tlsfiles.Files // --tls-cert, --tls-key, --tls-ca
 }
 
@@ -89,6 +90,9 @@ func parse(args []string) (config, error) {
 	fs.DurationVar(&c.failurePause, "failure-pause", 20*time.Millisecond, "pause after a failed minting call")
 	fs.BoolVar(&c.stdinEOF, "exit-on-stdin-eof", false, "exit when stdin is closed")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level of the client's logs on stderr")
+	// The scenarios check leases, deadlines and committed blocks: a code of
+	// its own, unless a scenario asks for the shared path (0).
+	fs.IntVar(&c.codes, "codes", 1, "rangeclient Codes (0: automatic, the shared path while the rate allows)")
 	fs.StringVar(&c.tls.Cert, "tls-cert", "", "client certificate (mutual TLS)")
 	fs.StringVar(&c.tls.Key, "tls-key", "", "key of --tls-cert")
 	fs.StringVar(&c.tls.CA, "tls-ca", "", "CA verifying the replicas; any --tls-* flag turns TLS on")
@@ -111,6 +115,8 @@ func parse(args []string) (config, error) {
 		return c, errors.New("--name (no spaces) and --history are required")
 	case c.rate < 1 || c.batch < 1 || c.batch > c.rate:
 		return c, errors.Newf("--rate %d and --batch %d must be >= 1 with batch <= rate", c.rate, c.batch)
+	case c.codes < 0 || c.codes > rangeclient.MaxCodes:
+		return c, errors.Newf("--codes %d not in 0..%d", c.codes, rangeclient.MaxCodes)
 	case c.margin <= 0 || c.rpcTimeout <= 0 || c.callTimeout <= 0 || c.duration <= 0 || c.startTimeout <= 0:
 		return c, errors.New("durations must be positive")
 	}
@@ -149,6 +155,7 @@ func run(args []string) error {
 		TLS:            tc,
 		Targets:        c.targets,
 		Region:         c.region,
+		Codes:          c.codes,
 		Owner:          c.name,
 		SafetyMargin:   c.margin,
 		RefillInterval: c.refill,

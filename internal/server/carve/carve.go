@@ -1,0 +1,80 @@
+// Package carve is the hook through which the range service carves shared
+// runs (the AllocateShared RPC) out of the blocks its own minter holds.
+//
+// The minter behind MintBatch and Next is a rangeclient.Client over the
+// replica's store: it holds a worker code and blocks whose high-water mark
+// is committed. A shared run is a stretch of the current block taken with
+// the same atomic cursor that Next uses, so every position is handed out
+// once, by the minter or in one run, and lies below the code's committed
+// mark (docs/design.md, "The shared path"). The taking lives in
+// rangeclient, next to the cursor; rangeclient registers it here (an
+// unexported function into an internal package), so the service reaches
+// it without rangeclient exporting it, and nothing outside this module can.
+package carve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
+)
+
+// Request is one shared run to carve.
+type Request struct {
+	// N is the most positions wanted, 1..segment.MaxShared; the run may be
+	// shorter (it ends with the block it is carved from).
+	N int64
+	// After: the run's first ID is greater than After.
+	After snowflake.ID
+	// MaxLead bounds how far ahead of the service clock the run may start
+	// (After may push it ahead): beyond it the carve is refused.
+	MaxLead time.Duration
+	// ValidFor is the run's validity counted from the start of its first
+	// millisecond: a client that stops by then hands out no ID more than
+	// ValidFor behind the service's clock.
+	ValidFor time.Duration
+	// MinLife: a run whose validity would end sooner than this after the
+	// service time of the carve (the minter's lease is near its safety
+	// deadline) is refused instead.
+	MinLife time.Duration
+}
+
+// Validate reports the first field of r out of range.
+func (r Request) Validate() error {
+	switch {
+	case r.N < 1 || r.N > segment.MaxShared:
+		return fmt.Errorf("carve: count %d not in 1..%d: %w", r.N, segment.MaxShared, segment.ErrInvalid)
+	case r.After < 0:
+		return fmt.Errorf("carve: after ID %d is negative: %w", r.After, segment.ErrInvalid)
+	case r.MaxLead < 0 || r.ValidFor <= 0 || r.MinLife < 0 || r.MinLife >= r.ValidFor:
+		return fmt.Errorf("carve: lead %v, validity %v, least life %v out of range: %w", r.MaxLead, r.ValidFor, r.MinLife, segment.ErrInvalid)
+	}
+	return nil
+}
+
+// ErrNotCarver: the minter given to Carve is not one that can carve (not
+// a rangeclient.Client, or rangeclient is not linked).
+var ErrNotCarver = errors.New("carve: the minter cannot carve shared runs")
+
+var carve func(ctx context.Context, minter any, r Request) (segment.Block, error)
+
+// Register is called by rangeclient's init; nothing else calls it.
+func Register(f func(ctx context.Context, minter any, r Request) (segment.Block, error)) { carve = f }
+
+// Carve carves a shared run for r from minter's current block. Errors
+// wrap segment.ErrUnavailable when another try (later, or at another
+// replica) may succeed, segment.ErrInvalid for a bad request, and
+// ErrNotCarver when minter cannot carve at all. ctx bounds the wait for
+// the minter's first block.
+func Carve(ctx context.Context, minter any, r Request) (segment.Block, error) {
+	if err := r.Validate(); err != nil {
+		return segment.Block{}, err
+	}
+	if carve == nil {
+		return segment.Block{}, ErrNotCarver
+	}
+	return carve(ctx, minter, r)
+}

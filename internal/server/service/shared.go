@@ -1,0 +1,280 @@
+package service
+
+import (
+	"context"
+	"math"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/cockroachdb/errors"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	idrangev1 "github.com/idrange/idrange/api/idrangev1"
+	"github.com/idrange/idrange/internal/server/authz"
+	"github.com/idrange/idrange/internal/server/carve"
+	"github.com/idrange/idrange/internal/server/wire"
+	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
+)
+
+// The shared path (AllocateShared; docs/design.md, "The shared path").
+const (
+	// DefaultSharedRate is the default bound of the shared path per caller
+	// identity and replica, in IDs/s (--shared-rate): half of what the
+	// replica's own code mints at 4,096 IDs/ms, so one identity (every
+	// client without mutual TLS is the identity "") cannot take the whole
+	// code. The bucket holds one second of it.
+	DefaultSharedRate = 2_000_000
+	// SharedValidity is how long after the start of a shared run's first
+	// millisecond its IDs may be handed out, less SharedMargin: the rule
+	// that no ID is more than 1 s behind the moment Next returns it.
+	SharedValidity = time.Second
+	// SharedMargin is taken off SharedValidity for the clock-rate
+	// difference between the replica and the client and the reply's trip.
+	SharedMargin = 100 * time.Millisecond
+	// SharedMinLife: a run whose validity would end sooner than this
+	// (the replica's own lease is near its safety deadline) is refused as
+	// Unavailable instead; the client asks another replica.
+	SharedMinLife = 100 * time.Millisecond
+	// sharedClientWindow is how long a client_id counts in
+	// shared_clients after its last grant.
+	sharedClientWindow = time.Minute
+	// maxSharedClients bounds the client_ids remembered (about 200 bytes
+	// each); beyond it new ones are not counted until old ones age out.
+	maxSharedClients = 1_000_000
+	// sharedCarveTimeout bounds the wait for the replica's minter (its
+	// first lease and block) within one AllocateShared call.
+	sharedCarveTimeout = 2 * time.Second
+	// sharedUsageWindow is the time constant of the per-identity rate that
+	// shared_usage_ratio reports.
+	sharedUsageWindow = 10 * time.Second
+)
+
+// sharedLimiter is the shared path's bound per identity (a token bucket of
+// IDs) and its bookkeeping for metrics: client_ids seen, rates per identity.
+type sharedLimiter struct {
+	rate, burst float64
+
+	mu      sync.Mutex
+	buckets map[string]*sharedBucket
+	clients map[string]time.Time // client_id -> service time of its last grant
+	last    time.Time            // last sweep
+}
+
+type sharedBucket struct {
+	tokens  float64
+	at      time.Time // service time tokens were last topped up
+	granted float64   // IDs granted since the last sweep
+	rate    float64   // IDs/s granted, EWMA over sharedUsageWindow
+}
+
+func newSharedLimiter(rate float64) *sharedLimiter {
+	return &sharedLimiter{rate: rate, burst: rate, buckets: map[string]*sharedBucket{}, clients: map[string]time.Time{}}
+}
+
+// take takes n IDs from ident's bucket at now, or says how long until it
+// holds them.
+func (l *sharedLimiter) take(ident string, n int64, now time.Time) (retryAfter time.Duration, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := l.buckets[ident]
+	if b == nil {
+		b = &sharedBucket{tokens: l.burst, at: now}
+		l.buckets[ident] = b
+	}
+	if dt := now.Sub(b.at); dt > 0 {
+		b.tokens = min(l.burst, b.tokens+l.rate*dt.Seconds())
+		b.at = now
+	}
+	if b.tokens < float64(n) {
+		return time.Duration(math.Ceil((float64(n) - b.tokens) / l.rate * 1e9)), false
+	}
+	b.tokens -= float64(n)
+	return 0, true
+}
+
+// settle gives back the asked IDs a carve did not use and records the
+// granted ones (k of n; k = 0 when the carve failed) for clientID.
+func (l *sharedLimiter) settle(ident, clientID string, n, k int64, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if b := l.buckets[ident]; b != nil {
+		b.tokens = min(l.burst, b.tokens+float64(n-k))
+		b.granted += float64(k)
+	}
+	if k == 0 {
+		return
+	}
+	if _, seen := l.clients[clientID]; seen || len(l.clients) < maxSharedClients {
+		l.clients[clientID] = now
+	}
+}
+
+// sweep forgets client_ids idle for sharedClientWindow and idle full
+// buckets, updates the per-identity rates and returns the distinct
+// client_ids left and the busiest identity's rate over the bound.
+func (l *sharedLimiter) sweep(now time.Time) (clients int, usage float64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for id, at := range l.clients {
+		if now.Sub(at) > sharedClientWindow {
+			delete(l.clients, id)
+		}
+	}
+	dt := now.Sub(l.last).Seconds()
+	if l.last.IsZero() || dt <= 0 {
+		dt = 0
+	}
+	l.last = now
+	alpha := 1 - math.Exp(-dt/sharedUsageWindow.Seconds())
+	for ident, b := range l.buckets {
+		if dt > 0 {
+			b.rate += alpha * (b.granted/dt - b.rate)
+		}
+		b.granted = 0
+		usage = max(usage, b.rate/l.rate)
+		full := b.tokens+l.rate*now.Sub(b.at).Seconds() >= l.burst
+		if full && now.Sub(b.at) > sharedClientWindow && b.rate < 1 {
+			delete(l.buckets, ident)
+		}
+	}
+	return len(l.clients), usage
+}
+
+// clientCount is the number of distinct client_ids granted a run within
+// the last sweep's window.
+func (l *sharedLimiter) clientCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.clients)
+}
+
+// Reasons a shared run is refused (idrange_service_shared_refused_total).
+const (
+	sharedRateLimited = "rate_limited"
+	sharedUnavailable = "unavailable"
+	sharedNoMinter    = "no_minter"
+	sharedInvalid     = "invalid"
+	sharedOther       = "error"
+)
+
+// AllocateShared carves a run for a client without a worker code of its
+// own from the replica's minter's current block (package carve): no etcd
+// write. The caller's identity is bounded to Config.SharedRate IDs/s.
+func (s *Service) AllocateShared(ctx context.Context, req *idrangev1.AllocateSharedRequest) (*idrangev1.AllocateSharedResponse, error) {
+	var resp *idrangev1.AllocateSharedResponse
+	reason := ""
+	err := s.rpc(ctx, "AllocateShared", func(ctx context.Context) error {
+		var err error
+		resp, reason, err = s.allocateShared(ctx, req)
+		return err
+	})
+	if err != nil {
+		s.metrics.SharedGrants.WithLabelValues("refused").Inc()
+		if reason == "" {
+			reason = sharedOther
+		}
+		s.metrics.SharedRefused.WithLabelValues(reason).Inc()
+		return nil, err
+	}
+	s.metrics.SharedGrants.WithLabelValues("granted").Inc()
+	s.metrics.SharedIDs.Add(float64(resp.GetHi() - resp.GetLo()))
+	return resp, nil
+}
+
+// allocateShared is AllocateShared's work; reason names a refusal.
+func (s *Service) allocateShared(ctx context.Context, req *idrangev1.AllocateSharedRequest) (_ *idrangev1.AllocateSharedResponse, reason string, _ error) {
+	n, after, clientID := int64(req.GetCount()), snowflake.ID(req.GetAfterId()), req.GetClientId()
+	switch {
+	case n < 1 || n > segment.MaxShared:
+		return nil, sharedInvalid, invalid("count: %d not in 1..%d", n, segment.MaxShared)
+	case after < 0:
+		return nil, sharedInvalid, invalid("after_id: %d is negative", after)
+	case len(clientID) > segment.MaxClientID:
+		return nil, sharedInvalid, invalid("client_id: %d bytes, more than %d", len(clientID), segment.MaxClientID)
+	case !utf8.ValidString(clientID):
+		return nil, sharedInvalid, invalid("client_id: not valid UTF-8")
+	}
+	if s.shared == nil {
+		return nil, sharedNoMinter, status.Error(codes.Unimplemented, "AllocateShared: the shared path is off on this replica (--shared-rate < 0)")
+	}
+	s.mu.Lock()
+	m := s.minter
+	s.mu.Unlock()
+	if m == nil {
+		return nil, sharedNoMinter, status.Error(codes.Unimplemented, "AllocateShared: this replica has no minter configured")
+	}
+	ident := authz.IdentityFrom(ctx)
+	now := s.observe()
+	if wait, ok := s.shared.take(ident, n, now); !ok {
+		return nil, sharedRateLimited, errors.Newf("AllocateShared: identity %q is over its shared rate %.0f IDs/s: %w",
+			ident, s.shared.rate, &segment.Backpressure{RetryAfter: wait})
+	}
+	b, err := s.carve(ctx, m, carve.Request{N: n, After: after, MaxLead: s.cfg.SharedLead,
+		ValidFor: SharedValidity - SharedMargin, MinLife: SharedMinLife})
+	if err == nil {
+		if cerr := b.CheckShared(s.cfg.Region, n, after); cerr != nil {
+			// Never forward a run the minter should not have carved.
+			err = errors.Newf("minter carved run [%d,%d) of code %d/%d: %v", b.Lo, b.Hi, b.Region, b.Worker, cerr)
+		}
+	}
+	if err != nil {
+		s.shared.settle(ident, clientID, n, 0, now)
+		switch {
+		case errors.Is(err, carve.ErrNotCarver):
+			return nil, sharedNoMinter, status.Errorf(codes.Unimplemented, "AllocateShared: %v", err)
+		case errors.Is(err, segment.ErrUnavailable):
+			return nil, sharedUnavailable, status.Errorf(codes.Unavailable, "AllocateShared: %v", err)
+		}
+		return nil, sharedOther, err
+	}
+	s.shared.settle(ident, clientID, n, b.Len(), now)
+	return wire.SharedToProto(b), "", nil
+}
+
+// carve carves r from m, opening a LazyMinter first, within
+// sharedCarveTimeout.
+func (s *Service) carve(ctx context.Context, m Minter, r carve.Request) (segment.Block, error) {
+	ctx, cancel := context.WithTimeout(ctx, sharedCarveTimeout)
+	defer cancel()
+	var inner any = m
+	if lm, ok := m.(*LazyMinter); ok {
+		mc, err := lm.get(ctx)
+		if err != nil {
+			return segment.Block{}, errors.Newf("%v: %w", err, segment.ErrUnavailable)
+		}
+		inner = mc
+	}
+	return carve.Carve(ctx, inner, r)
+}
+
+// sweepShared refreshes the shared path's gauges (Run calls it every
+// CheckInterval).
+func (s *Service) sweepShared() {
+	if s.shared == nil {
+		return
+	}
+	clients, usage := s.shared.sweep(s.cfg.Now())
+	s.metrics.SharedClients.Set(float64(clients))
+	s.metrics.SharedUsage.Set(usage)
+}
+
+// codesHeld is the number of worker codes the replica's own minter holds:
+// 0 before a lazily opened one is first used.
+func (s *Service) codesHeld() int {
+	s.mu.Lock()
+	m := s.minter
+	s.mu.Unlock()
+	if lm, ok := m.(*LazyMinter); ok {
+		if lm.opened() {
+			return 1
+		}
+		return 0
+	}
+	if m != nil {
+		return 1
+	}
+	return 0
+}

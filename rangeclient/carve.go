@@ -1,0 +1,137 @@
+package rangeclient
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/idrange/idrange/internal/server/carve"
+	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
+)
+
+func init() {
+	carve.Register(func(ctx context.Context, m any, r carve.Request) (segment.Block, error) {
+		c, ok := m.(*Client)
+		if !ok {
+			return segment.Block{}, fmt.Errorf("minter %T: %w", m, carve.ErrNotCarver)
+		}
+		return c.carve(ctx, r)
+	})
+}
+
+// codeMask selects the region and worker bits of an ID.
+const codeMask = (int64(1)<<timeShift - 1) &^ seqMask
+
+// afterL is the first linear position of the code whose ID bits are base
+// (region<<20 | worker<<12) with an ID greater than after: in after's
+// millisecond if the code sorts above after's, or after after's sequence
+// on the same code, else in the next millisecond. 0 when after is not
+// positive.
+func afterL(after snowflake.ID, base int64) int64 {
+	a := int64(after)
+	if a <= 0 {
+		return 0
+	}
+	ms, code := a>>timeShift, a&codeMask
+	switch {
+	case base > code:
+		return ms << seqBits
+	case base == code:
+		return ms<<seqBits | a&seqMask + 1
+	}
+	return (ms + 1) << seqBits
+}
+
+// carve takes a shared run for r from the client's current block (or the
+// buffered next one, when r.After lies beyond the current one), with the
+// same compare-and-swap Next uses: each position goes to one caller.
+// (A client with several codes carves from its first.) It waits within
+// ctx only while the client has no usable block or lease at all; a run
+// that cannot be carved from the blocks held is refused at once with an
+// error wrapping segment.ErrUnavailable.
+func (c *Client) carve(ctx context.Context, r carve.Request) (segment.Block, error) {
+	for {
+		ch, rerr := c.waitState()
+		if c.closed.Load() {
+			return segment.Block{}, fmt.Errorf("rangeclient: carve: %w: %w", ErrClosed, segment.ErrUnavailable)
+		}
+		l := c.lease.Load()
+		now := c.now()
+		if cur := c.cur.Load(); l.err(now) == nil && cur != nil && cur.lease == l && !cur.finished(now) && now < cur.stop.Load() {
+			for _, b := range []*block{cur, c.next.Load()} {
+				if b == nil || b.lease != l || now >= b.stop.Load() || b.offset == denseOffset {
+					continue
+				}
+				sb, ok, err := c.carveFrom(b, l, now, r)
+				if ok || err != nil {
+					return sb, err
+				}
+			}
+			return segment.Block{}, fmt.Errorf("rangeclient: carve: no position after ID %d in the blocks held (up to L %d): %w",
+				r.After, c.horizonL(), segment.ErrUnavailable)
+		} else if cur != nil {
+			c.rotate(cur)
+			if c.cur.Load() != cur {
+				continue
+			}
+		}
+		c.kickRefill()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			err := fmt.Errorf("rangeclient: carve: no block: %w", join(ctx.Err(), segment.ErrUnavailable))
+			if rerr != nil {
+				err = fmt.Errorf("%w (last refill: %v)", err, rerr)
+			}
+			if lerr := l.err(now); lerr != nil {
+				err = fmt.Errorf("%w (lease: %v)", err, lerr)
+			}
+			return segment.Block{}, err
+		}
+	}
+}
+
+// horizonL is the end of the buffered blocks' positions, for messages.
+func (c *Client) horizonL() int64 {
+	var h int64
+	for _, b := range []*block{c.cur.Load(), c.next.Load()} {
+		if b != nil {
+			h = max(h, b.hi)
+		}
+	}
+	return h
+}
+
+// carveFrom carves r from b at local instant now; ok is false when b has
+// no position at or after where the run must start.
+func (c *Client) carveFrom(b *block, l *leaseState, now int64, r carve.Request) (_ segment.Block, ok bool, _ error) {
+	floor := b.floorL(now)
+	tl := max(floor, afterL(r.After, b.base))
+	if lead := time.Duration((tl>>seqBits)-(floor>>seqBits)) * time.Millisecond; lead > r.MaxLead {
+		return segment.Block{}, false, fmt.Errorf("rangeclient: carve: after ID %d is %v ahead of the service clock, beyond the lead %v: %w",
+			r.After, lead, r.MaxLead, segment.ErrUnavailable)
+	}
+	svcNow := now + b.offset // service ns since the epoch
+	stop := b.stop.Load() + b.offset
+	if stop-svcNow <= int64(r.MinLife) {
+		return segment.Block{}, false, fmt.Errorf("rangeclient: carve: the minter's code %d/%d may be used for %v more, less than %v: %w",
+			l.seg.Region, l.seg.Worker, time.Duration(max(stop-svcNow, 0)), r.MinLife, segment.ErrUnavailable)
+	}
+	first, k, ok := b.takeFrom(tl, r.N)
+	if !ok {
+		return segment.Block{}, false, nil
+	}
+	if first+k > b.kickAt {
+		c.prefetch(b)
+	}
+	valid := min((first>>seqBits)*nsPerMs+int64(r.ValidFor), stop)
+	return segment.Block{
+		Region:      l.seg.Region,
+		Worker:      l.seg.Worker,
+		Lo:          first,
+		Hi:          first + k,
+		ServiceTime: snowflake.Epoch.Add(time.Duration(svcNow)),
+		ValidUntil:  snowflake.Epoch.Add(time.Duration(valid)),
+	}, true, nil
+}
