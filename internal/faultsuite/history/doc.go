@@ -67,7 +67,6 @@
 //     block [lo, hi) is one committed step: hi is a value the key took and lo
 //     is at or above the value before it. HWM steps no client received are
 //     counted as burned grants (allowed: an unknown commit is never used).
-//
 //   - Shared runs (S lines, issue 27): a client without a code of its own
 //     mints from runs a replica carves out of its own minter's blocks, so
 //     the run's code is leased by a process no history records. An ID in
