@@ -13,6 +13,8 @@ import (
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/faultsuite/history"
+	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
 )
 
 // TestSharedPathClientsPauseReplicaAndLeaderKill is issue 27's fault
@@ -55,9 +57,15 @@ func TestSharedPathClientsPauseReplicaAndLeaderKill(t *testing.T) {
 	paused.p.resume()
 	s.waitMinting(c1, 1000, time.Minute)
 
-	// (b) The replica the shared minters ask first: they move to the other.
-	r0 := s.replicas[0]
-	k2 := s.fault("kill -9 %s (its minter's code carved the shared runs)", r0.name)
+	// (b) The replica whose minter's code carved the latest shared run:
+	// its shared clients move to the other.
+	r0, code := s.replicas[0], -1
+	if w, i, ok := latestSharedReplica(shared, replies.codes()); ok {
+		r0, code = s.replicas[i], w
+	} else {
+		t.Fatalf("no shared run on a code the replicas' MintBatch replies showed (codes %v)", replies.codes())
+	}
+	k2 := s.fault("kill -9 %s (its minter's code %d carved the latest shared run)", r0.name, code)
 	r0.p.kill()
 	s.waitMinting(k2, 1000, time.Minute)
 	q2 := s.mark("restart %s", r0.name)
@@ -109,6 +117,22 @@ func TestSharedPathClientsPauseReplicaAndLeaderKill(t *testing.T) {
 	}
 	h := res.hists[1]
 	resumed, _ := h.FirstMintAfter(c1)
+	// Everything the paused minter handed out after SIGCONT came from runs
+	// granted after it: every run it held had expired while it was stopped.
+	stale := 0
+	for _, m := range h.Mints {
+		if m.T1 <= c1 {
+			continue
+		}
+		for _, v := range m.IDs {
+			if !inRunAfter(h, v, c1) {
+				stale++
+			}
+		}
+	}
+	if stale > 0 {
+		t.Errorf("%s handed out %d IDs after SIGCONT from runs granted before its pause", h.Name, stale)
+	}
 	// Which replica codes the shared runs came from, around the replica
 	// kill: the clients moved to the other replica's code.
 	codes := func(a, b int64) []int {
@@ -191,10 +215,38 @@ func checkPlantedShared(t *testing.T, s *suite, res result) {
 	check("shared minter's last call returned 2 s later", with(1, &late), cfg, history.ErrTimeBound)
 }
 
+// inRunAfter reports whether ID v lies in a shared run h received after t.
+func inRunAfter(h *history.History, v, t int64) bool {
+	id := snowflake.ID(v)
+	l := segment.Linear(id)
+	for _, r := range h.Shared {
+		if r.Ret > t && r.Worker == id.Worker() && r.Lo <= l && l < r.Hi {
+			return true
+		}
+	}
+	return false
+}
+
+// latestSharedReplica finds the replica (index) whose minter's code
+// (codes: worker code -> replica, from its MintBatch replies) carved the
+// latest shared run any of ms received.
+func latestSharedReplica(ms []*minter, codes map[int]int) (worker, replica int, ok bool) {
+	var at int64 = -1
+	for _, m := range ms {
+		for _, r := range m.progress().Shared {
+			if i, known := codes[r.Worker]; known && r.Ret > at {
+				at, worker, replica, ok = r.Ret, r.Worker, i, true
+			}
+		}
+	}
+	return worker, replica, ok
+}
+
 // mintBatchCaller calls MintBatch(100) every 50 ms, alternating between
 // the replicas, so the replicas' own minters hand out IDs from the codes
 // the shared runs are carved from; its successful replies join the check.
 type mintBatchCaller struct {
+	s      *suite
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	mu     sync.Mutex
@@ -214,7 +266,7 @@ func startMintBatchCaller(t *testing.T, s *suite) *mintBatchCaller {
 		rpcs = append(rpcs, idrangev1.NewRangeServiceClient(cc))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &mintBatchCaller{cancel: cancel}
+	c := &mintBatchCaller{s: s, cancel: cancel}
 	c.wg.Go(func() {
 		tick := time.NewTicker(50 * time.Millisecond)
 		defer tick.Stop()
@@ -244,6 +296,25 @@ func startMintBatchCaller(t *testing.T, s *suite) *mintBatchCaller {
 func (c *mintBatchCaller) stop() { c.once.Do(func() { c.cancel(); c.wg.Wait() }) }
 
 func (c *mintBatchCaller) ok() int { return c.okAfter(0) }
+
+// codes maps the worker codes of the successful replies so far to the
+// replica (index) that minted them: each replica's own minter's code.
+func (c *mintBatchCaller) codes() map[int]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[int]int{}
+	for _, call := range c.calls {
+		if call.err != nil || len(call.ids) == 0 {
+			continue
+		}
+		for i, r := range c.s.replicas {
+			if call.source == r.name+" MintBatch" {
+				out[call.ids[0].Worker()] = i
+			}
+		}
+	}
+	return out
+}
 
 // okAfter counts successful calls sent after t.
 func (c *mintBatchCaller) okAfter(t int64) int {
