@@ -34,8 +34,9 @@ const adminUsage = `usage: rangesvc admin <command> --target ADDR[,ADDR...] [-o 
 
 commands:
   status                 the region (free and held codes, largest HWM lead,
-                         epoch life, etcd members and alarms) and the health of
-                         every --target replica
+                         epoch life, etcd members and alarms) and the health,
+                         codes held and shared-path clients of every --target
+                         replica
   leases                 one row per held worker code
   fence --worker N       end code N's lease; its owner stops at its next renewal
         [--token T]      or grant (T: only if token T still owns the code)
@@ -253,7 +254,13 @@ type replicaJSON struct {
 	Target string `json:"target"`
 	Health string `json:"health"`           // SERVING, NOT_SERVING, ... or UNREACHABLE
 	Region *int   `json:"region,omitempty"` // from GetReplicaInfo
-	Error  string `json:"error,omitempty"`
+	// From GetReplicaInfo too: the worker codes the replica's own minter
+	// holds (MintBatch, Next, HTTP and the shared path carve from it) and
+	// the distinct shared-path clients it granted a run in the last minute.
+	// Absent when GetReplicaInfo did not answer.
+	CodesHeld     *int   `json:"codes_held,omitempty"`
+	SharedClients *int   `json:"shared_clients,omitempty"`
+	Error         string `json:"error,omitempty"`
 }
 
 type memberJSON struct {
@@ -371,8 +378,8 @@ func (a *adminRun) replicas(ctx context.Context) []replicaJSON {
 			if err != nil {
 				r.Error = rpcMessage(err)
 			} else {
-				reg := int(info.GetRegion())
-				r.Region = &reg
+				reg, held, shared := int(info.GetRegion()), int(info.GetCodesHeld()), int(info.GetSharedClients())
+				r.Region, r.CodesHeld, r.SharedClients = &reg, &held, &shared
 			}
 			out[i] = r
 		})
@@ -466,14 +473,19 @@ func (a *adminRun) status(ctx context.Context) error {
 }
 
 func replicaRows(w io.Writer, reps []replicaJSON) {
-	fmt.Fprintln(w, "REPLICA\tREGION\tHEALTH\tERROR")
+	fmt.Fprintln(w, "REPLICA\tREGION\tHEALTH\tCODES HELD\tSHARED CLIENTS\tERROR")
 	for _, r := range reps {
-		reg := "-"
-		if r.Region != nil {
-			reg = strconv.Itoa(*r.Region)
-		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", r.Target, reg, r.Health, r.Error)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Target, intOrDash(r.Region), r.Health,
+			intOrDash(r.CodesHeld), intOrDash(r.SharedClients), r.Error)
 	}
+}
+
+// intOrDash prints an optional count ("-": not reported).
+func intOrDash(v *int) string {
+	if v == nil {
+		return "-"
+	}
+	return strconv.Itoa(*v)
 }
 
 // printReplicas prints only the replicas' health, for a status whose

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -453,5 +454,96 @@ func TestAdminStatusEtcdDown(t *testing.T) {
 	code, out, _ := runCmd("admin", "status", "--target", r.Addr())
 	if code != cli.ExitFailure || !strings.Contains(out, "NOT_SERVING") || !strings.Contains(out, "REPLICA") {
 		t.Fatalf("status table with etcd down: exit %d, stdout %q", code, out)
+	}
+}
+
+// admin status shows, per replica, the codes its own minter holds and the
+// shared-path clients it served: three Codes-0 clients on the first
+// replica (whose minter serves them) and none on the second (no minter).
+func TestAdminStatusSharedPath(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real region: skipped with -short")
+	}
+	etcd := embedetcdtest.Start(t)
+	next := nextMinter("rangesvc/next", nil)
+	rs := []*localregion.Region{
+		regiontest.Start(t, localregion.Config{Region: 1, Etcd: etcd, NextMinter: next}),
+		regiontest.Start(t, localregion.Config{Region: 1, Etcd: etcd}),
+	}
+	targets := rs[0].Addr() + "," + rs[1].Addr()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stop, err := rs[0].EnableNext(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stop() })
+
+	// Before any shared client: the minter holds its code, nobody shares.
+	st := adminJSON[statusJSON](t, "status", "--target", targets)
+	checkReplicaCounts(t, st.Replicas, [][2]int{{1, 0}, {0, 0}})
+
+	const clients = 3
+	var all []snowflake.ID
+	for i := range clients {
+		c, err := rangeclient.New(ctx, rangeclient.Config{Targets: []string{rs[0].Addr()}, Region: 1,
+			Owner: fmt.Sprintf("shared-%d", i)})
+		if err != nil {
+			t.Fatalf("client %d: %v", i, err)
+		}
+		t.Cleanup(func() { c.Close() })
+		for range 100 {
+			id, err := c.Next(ctx)
+			if err != nil {
+				t.Fatalf("client %d: Next: %v", i, err)
+			}
+			all = append(all, id)
+		}
+		if !c.Stats().Shared {
+			t.Fatalf("client %d is not on the shared path: %+v", i, c.Stats())
+		}
+	}
+	checkNoDuplicates(t, all)
+
+	st = adminJSON[statusJSON](t, "status", "--target", targets)
+	checkReplicaCounts(t, st.Replicas, [][2]int{{1, clients}, {0, 0}})
+	// The shared clients hold no code: the region's one held code is the
+	// replica's minter.
+	if st.HeldCodes != 1 || st.FreeCodes != 255 {
+		t.Fatalf("status: %d held, %d free codes; want 1 held (the replica's minter), 255 free", st.HeldCodes, st.FreeCodes)
+	}
+	out := adminTable(t, []string{"CODES HELD", "SHARED CLIENTS"}, "status", "--target", targets)
+	for i, want := range [][]string{{rs[0].Addr(), "1", "SERVING", "1", fmt.Sprint(clients)}, {rs[1].Addr(), "1", "SERVING", "0", "0"}} {
+		if got := tableRow(out, rs[i].Addr()); !slices.Equal(got, want) {
+			t.Errorf("status table: replica row %q, want %q:\n%s", got, want, out)
+		}
+	}
+}
+
+// tableRow is the whitespace-separated fields of the first line of out
+// that starts with first (nil: none).
+func tableRow(out, first string) []string {
+	for line := range strings.Lines(out) {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == first {
+			return f
+		}
+	}
+	return nil
+}
+
+// checkReplicaCounts checks status's replica rows against want: {codes
+// held, shared clients} per replica, in --target order.
+func checkReplicaCounts(t *testing.T, reps []replicaJSON, want [][2]int) {
+	t.Helper()
+	if len(reps) != len(want) {
+		t.Fatalf("%d replica rows, want %d: %+v", len(reps), len(want), reps)
+	}
+	for i, r := range reps {
+		if r.CodesHeld == nil || r.SharedClients == nil || r.Error != "" {
+			t.Fatalf("replica %s: codes held %v, shared clients %v, error %q; want both counts", r.Target, r.CodesHeld, r.SharedClients, r.Error)
+		}
+		if got := [2]int{*r.CodesHeld, *r.SharedClients}; got != want[i] {
+			t.Fatalf("replica %s: codes held %d, shared clients %d; want %d and %d", r.Target, got[0], got[1], want[i][0], want[i][1])
+		}
 	}
 }

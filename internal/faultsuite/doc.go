@@ -57,6 +57,7 @@
 //	TestMutualTLSIntruderAndReplicaKill         over mutual TLS: another identity replays a lease (refused), kill -9 a replica
 //	TestReplicaMintBatchSurvivesLeaseLoss       all etcd SIGSTOPped past the TTL under MintBatch, HTTP and Next calls: none returns IDs after the deadline, then recovers; planted reply duplicates caught
 //	TestPlantedMinterFailuresFailTheRun         a minter crashes (SIGQUIT), another's history stops taking writes: the run fails on each
+//	TestSharedPathClientsPauseReplicaAndLeaderKill  --codes 0 minters on the shared path: SIGSTOP one past every bound, kill -9 a replica, kill -9 the etcd leader; time bound per ID; planted shared duplicates caught
 //
 // plus fuzz tests of bad input (fuzz_test.go).
 //

@@ -20,6 +20,7 @@ import (
 	"github.com/idrange/idrange/internal/faultsuite/history"
 	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/server/store/etcdstore"
+	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -61,6 +62,14 @@ type options struct {
 	notAfterSlack time.Duration
 	// mtls runs replicas and minters over mutual TLS (mtls_test.go).
 	mtls bool
+	// sharedMinters are started after the minters, with --codes 0: they
+	// mint on the shared path (issue 27) while their rate stays below
+	// rangeclient.DedicatedRate.
+	sharedMinters int
+	// timeBound holds every ID to the time bound users rely on
+	// (history.Config.MaxBehind 1 s, MaxAhead the service's max lead):
+	// only for runs that do not move a service clock.
+	timeBound bool
 }
 
 // pacing is the time between the starts of two minting calls of one minter
@@ -163,7 +172,11 @@ func newSuite(t *testing.T, opt options) *suite {
 	for range s.opt.minters {
 		s.addMinter()
 	}
-	s.logf("deployment up: 3 etcd members, %d replicas, %d minters at %d IDs/s each", len(s.replicas), len(s.minters), s.opt.rate)
+	for range s.opt.sharedMinters {
+		s.addMinter("--codes", "0")
+	}
+	s.logf("deployment up: 3 etcd members, %d replicas, %d minters (%d on the shared path) at %d IDs/s each",
+		len(s.replicas), len(s.minters), s.opt.sharedMinters, s.opt.rate)
 	return s
 }
 
@@ -343,7 +356,8 @@ func (r *replica) eachProxy(f func(p *faultproxy.Proxy)) {
 
 // ---- minters ----
 
-func (s *suite) addMinter() *minter {
+// addMinter starts one more minter, with extra flags for cmd/minter.
+func (s *suite) addMinter(extra ...string) *minter {
 	s.t.Helper()
 	name := fmt.Sprintf("m%d", len(s.minters))
 	m := &minter{s: s, name: name, path: filepath.Join(s.dir, name+".hist")}
@@ -352,6 +366,7 @@ func (s *suite) addMinter() *minter {
 		"--rate", strconv.Itoa(s.opt.rate), "--batch", strconv.Itoa(s.opt.batch),
 		"--exit-on-stdin-eof", "--duration", "30m"}
 	args = append(args, s.pki.minterArgs(name)...)
+	args = append(args, extra...)
 	if !s.opt.clientDefaults {
 		args = append(args, "--safety-margin", s.opt.margin.String())
 		if s.opt.refill > 0 {
@@ -510,14 +525,22 @@ func (s *suite) stopMinters() error {
 }
 
 func (s *suite) checkConfig(hwm map[int][]int64) history.Config {
-	return history.Config{
+	cfg := history.Config{
 		Region:    region,
 		NotBefore: s.start.Add(-2 * time.Second),
-		NotAfter:  time.Now().Add(15*time.Second + 2*time.Second + s.opt.notAfterSlack),
+		NotAfter:  time.Now().Add(segment.DefaultMaxLead + 2*time.Second + s.opt.notAfterSlack),
 		HWM:       hwm,
 		Replies:   s.replies,
 	}
+	if s.opt.timeBound {
+		cfg.MaxBehind, cfg.MaxAhead = maxBehind, segment.DefaultMaxLead
+	}
+	return cfg
 }
+
+// maxBehind is how far behind the moment it is handed out an ID's
+// timestamp may be (docs/design.md; issue 27 keeps it for shared runs).
+const maxBehind = time.Second
 
 // replayHWM reads every value each HWM key of the region ever held, in
 // revision order, from etcd's MVCC history (a watch from revision 1; the

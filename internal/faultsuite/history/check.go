@@ -26,6 +26,9 @@ var (
 	ErrOutsideBlock  = errors.New("history: an ID lies outside the blocks its client received")
 	ErrBlockOverlap  = errors.New("history: two received blocks of one code overlap")
 	ErrHWM           = errors.New("history: a received block is not a committed high-water-mark step")
+	// ErrTimeBound: an ID's timestamp lies outside Config.MaxBehind /
+	// Config.MaxAhead of the wall time at which its call returned.
+	ErrTimeBound = errors.New("history: an ID's timestamp is outside the time bound of when it was handed out")
 	// ErrStaleBlock is a freshness finding, not a safety one (FreshnessErr):
 	// an ID was handed out from a block after the block's validity. The
 	// block's positions are the client's alone (the HWM is past them), so
@@ -55,6 +58,14 @@ type Config struct {
 	// for each worker code, every value its HWM key held, in revision order
 	// (see the faultsuite's replay). nil skips the etcd checks.
 	HWM map[int][]int64
+	// MaxBehind and MaxAhead, when positive, bound every ID's timestamp
+	// against the wall time at which its call returned (a history's
+	// header maps its clock to the wall clock; replies use the first
+	// history's): the start of the ID's millisecond is less than
+	// MaxBehind before that moment and at most MaxAhead after it. The
+	// rule users rely on (1 s behind, the service's lead ahead); leave
+	// them 0 in runs that move a service clock.
+	MaxBehind, MaxAhead time.Duration
 	// MaxExamples bounds the examples kept per kind of problem. Default
 	// DefaultMaxExamples.
 	MaxExamples int
@@ -89,6 +100,10 @@ type Report struct {
 	Leases   int   `json:"leases"`
 	Renewals int   `json:"renewals"`
 	Blocks   int   `json:"blocks"`
+	// SharedRuns are the shared runs received (S lines); SharedIDs the
+	// histories' IDs handed out from them.
+	SharedRuns int   `json:"shared_runs"`
+	SharedIDs  int64 `json:"shared_ids"`
 
 	Duplicates      int64 `json:"duplicates"`
 	OutOfRange      int64 `json:"out_of_range"`
@@ -109,6 +124,13 @@ type Report struct {
 	AfterBlockValid int64         `json:"after_block_valid"`
 	MaxBlockOverrun time.Duration `json:"max_block_overrun"`
 	BlockOverlaps   int64         `json:"block_overlaps"`
+	// OutsideTimeBound counts IDs outside Config.MaxBehind / MaxAhead;
+	// MaxBehindSeen and MaxAheadSeen are the most any ID checked was
+	// behind and ahead of its return (0 when none was; set only when a
+	// bound is).
+	OutsideTimeBound int64         `json:"outside_time_bound"`
+	MaxBehindSeen    time.Duration `json:"max_behind_seen"`
+	MaxAheadSeen     time.Duration `json:"max_ahead_seen"`
 
 	HWMChecked      bool  `json:"hwm_checked"`
 	HWMSteps        int   `json:"hwm_steps"`
@@ -157,7 +179,9 @@ func (r Report) Err() error {
 	add(r.OutsideBlock, ErrOutsideBlock, "block", "id(s) outside every block received under the lease")
 	add(r.BlockOverlaps, ErrBlockOverlap, "overlap", "overlap(s) between received blocks")
 	add(r.HWMDecreases, ErrHWM, "hwm", "decrease(s) of a high-water mark in etcd")
-	add(r.BlocksNotInEtcd, ErrHWM, "etcd", "received block(s) that are not a committed high-water-mark step")
+	add(r.BlocksNotInEtcd, ErrHWM, "etcd", "received block(s) or shared run(s) that are not (within) a committed high-water-mark step")
+	add(r.OutsideTimeBound, ErrTimeBound, "time", fmt.Sprintf("id(s) outside the time bound of their return (extremes seen: %v behind, %v ahead)",
+		r.MaxBehindSeen, r.MaxAheadSeen))
 	if len(errs) == 0 && r.IDs+r.ReplyIDs == 0 {
 		return ErrNothingChecked
 	}
@@ -177,11 +201,15 @@ func (r Report) FreshnessErr() error {
 
 // Summary is a one-line account of the report for logs.
 func (r Report) Summary() string {
-	return fmt.Sprintf("processes=%d ids=%d replies=%d reply_ids=%d leases=%d renewals=%d blocks=%d duplicates=%d out_of_range=%d order=%d "+
+	return fmt.Sprintf("processes=%d ids=%d replies=%d reply_ids=%d leases=%d renewals=%d blocks=%d shared_runs=%d shared_ids=%d "+
+		"duplicates=%d out_of_range=%d order=%d "+
 		"after_deadline=%d (closest return before a deadline %v) after_new_owner=%d outside_block=%d after_block_valid=%d (max %v) overlaps=%d "+
+		"outside_time_bound=%d (max behind %v, max ahead %v) "+
 		"hwm_checked=%t hwm_steps=%d hwm_decreases=%d blocks_not_in_etcd=%d burned_grants=%d unused_blocks=%d gap_positions=%d",
-		r.Processes, r.IDs, r.Replies, r.ReplyIDs, r.Leases, r.Renewals, r.Blocks, r.Duplicates, r.OutOfRange, r.OrderViolations,
+		r.Processes, r.IDs, r.Replies, r.ReplyIDs, r.Leases, r.Renewals, r.Blocks, r.SharedRuns, r.SharedIDs,
+		r.Duplicates, r.OutOfRange, r.OrderViolations,
 		r.AfterDeadline, r.ClosestToDeadline, r.AfterNewOwner, r.OutsideBlock, r.AfterBlockValid, r.MaxBlockOverrun, r.BlockOverlaps,
+		r.OutsideTimeBound, r.MaxBehindSeen, r.MaxAheadSeen,
 		r.HWMChecked, r.HWMSteps, r.HWMDecreases, r.BlocksNotInEtcd, r.BurnedGrants, r.UnusedBlocks, r.GapPositions)
 }
 
@@ -225,6 +253,25 @@ type blockInfo struct {
 	minted int64
 }
 
+// sharedInfo is a shared run received by proc.
+type sharedInfo struct {
+	SharedRun
+	proc   *History
+	minted int64
+}
+
+// sharedAt returns the run of rs (one process's runs of one code, by Lo)
+// containing linear position l that had arrived by t.
+func sharedAt(rs []*sharedInfo, l, t int64) *sharedInfo {
+	i := sort.Search(len(rs), func(i int) bool { return rs[i].Hi > l })
+	for ; i < len(rs) && rs[i].Lo <= l; i++ {
+		if rs[i].Ret <= t {
+			return rs[i]
+		}
+	}
+	return nil
+}
+
 // Check verifies the histories (see the package doc for the properties).
 // The error is for bad input (config, histories); violations are in the
 // Report (Report.Err).
@@ -239,6 +286,7 @@ func Check(hs []*History, cfg Config) (Report, error) {
 		cfg:       cfg,
 		rep:       Report{Processes: len(hs), Replies: len(cfg.Replies), Examples: map[string][]string{}},
 		perProc:   make([]map[codeKey][]*leaseInfo, len(hs)),
+		perShared: make([]map[codeKey][]*sharedInfo, len(hs)),
 		owners:    map[codeKey][]*leaseInfo{},
 		allBlocks: map[codeKey][]*blockInfo{},
 		closest:   math.MaxInt64,
@@ -269,12 +317,14 @@ type checker struct {
 	cfg Config
 	rep Report
 
-	perProc   []map[codeKey][]*leaseInfo // per process: its leases of each code, by Ret
-	owners    map[codeKey][]*leaseInfo   // per code: every process's leases
-	allBlocks map[codeKey][]*blockInfo   // per code: every process's blocks
-	blocks    []*blockInfo               // every block, in history order
-	total     int64                      // IDs in all histories
-	closest   int64                      // least deadline bound - T1 so far
+	perProc   []map[codeKey][]*leaseInfo  // per process: its leases of each code, by Ret
+	perShared []map[codeKey][]*sharedInfo // per process: its shared runs of each code, by Lo
+	shared    []*sharedInfo               // every shared run, in history order
+	owners    map[codeKey][]*leaseInfo    // per code: every process's leases
+	allBlocks map[codeKey][]*blockInfo    // per code: every process's blocks
+	blocks    []*blockInfo                // every block, in history order
+	total     int64                       // IDs in all histories
+	closest   int64                       // least deadline bound - T1 so far
 }
 
 // example keeps the first Config.MaxExamples problems of each kind.
@@ -313,6 +363,17 @@ func (c *checker) index(pi int, h *History) error {
 		if li := byToken[b.Token]; li != nil && li.Region == b.Region && li.Worker == b.Worker {
 			li.blocks = append(li.blocks, bi)
 		}
+	}
+	c.perShared[pi] = map[codeKey][]*sharedInfo{}
+	for _, r := range h.Shared {
+		si := &sharedInfo{SharedRun: r, proc: h}
+		c.rep.SharedRuns++
+		k := codeKey{r.Region, r.Worker}
+		c.perShared[pi][k] = append(c.perShared[pi][k], si)
+		c.shared = append(c.shared, si)
+	}
+	for _, rs := range c.perShared[pi] {
+		sort.Slice(rs, func(i, j int) bool { return rs[i].Lo < rs[j].Lo })
 	}
 	for _, ls := range c.perProc[pi] {
 		sort.Slice(ls, func(i, j int) bool { return ls[i].Ret < ls[j].Ret })
@@ -370,10 +431,17 @@ func (c *checker) checkIDs(hs []*History) error {
 	}
 	for _, r := range c.cfg.Replies {
 		ic.AddInt64(r.IDs...)
+		if len(hs) > 0 {
+			for _, v := range r.IDs {
+				c.checkTime(r.Source, hs[0], r.Ret, v)
+			}
+		}
 	}
 	c.rep.ReplyIDs = int64(replyIDs)
 	for pi, h := range hs {
 		last := map[codeKey]int64{}
+		var prevID int64    // the process's last ID, any code
+		prevShared := false // it came from a shared run
 		for _, m := range h.Mints {
 			ic.AddInt64(m.IDs...)
 			for _, v := range m.IDs {
@@ -381,13 +449,29 @@ func (c *checker) checkIDs(hs []*History) error {
 				if v <= 0 {
 					continue // out of range, counted by idcheck
 				}
+				c.checkTime(h.Name, h, m.T1, v)
 				id := snowflake.ID(v)
 				k := codeKey{id.Region(), id.Worker()}
+				ordered := true
 				if prev, ok := last[k]; ok && v <= prev {
+					ordered = false
 					c.rep.OrderViolations++
 					c.example("order", "%s: %d after %d on %v", h.Name, v, prev, k)
 				}
 				last[k] = max(last[k], v)
+				run := sharedAt(c.perShared[pi][k], segment.Linear(id), m.T1)
+				// A shared ID is above the process's previous ID, whatever
+				// its code, and so is the ID after it (a client leaving
+				// the shared path starts its code above its last run).
+				if ordered && (run != nil || prevShared) && prevID > 0 && v <= prevID {
+					c.rep.OrderViolations++
+					c.example("order", "%s: %d after %d across the shared path", h.Name, v, prevID)
+				}
+				prevID, prevShared = v, run != nil
+				if run != nil {
+					c.checkShared(h, run, m, id)
+					continue
+				}
 				c.checkMinted(h, c.perProc[pi][k], m, id)
 			}
 		}
@@ -485,6 +569,38 @@ func (c *checker) checkMinted(h *History, ls []*leaseInfo, m Mint, id snowflake.
 	}
 }
 
+// checkShared checks one ID that h handed out in mint m from its shared
+// run: counted, and handed out before the run's validity (a freshness
+// finding, as for blocks; the time bound itself is checkTime's).
+func (c *checker) checkShared(h *History, run *sharedInfo, m Mint, id snowflake.ID) {
+	c.rep.SharedIDs++
+	run.minted++
+	if validLocal := run.Send + (run.ValidUntil - run.ServiceTime); m.T1 >= validLocal {
+		c.rep.AfterBlockValid++
+		c.rep.MaxBlockOverrun = max(c.rep.MaxBlockOverrun, time.Duration(m.T1-validLocal))
+		c.example("valid", "%s: %d returned %v after its shared run [%d,%d) expired",
+			h.Name, int64(id), time.Duration(m.T1-validLocal), run.Lo, run.Hi)
+	}
+}
+
+// checkTime holds ID v, handed out by who at ret (h's clock), to
+// Config.MaxBehind and MaxAhead, and keeps the extremes.
+func (c *checker) checkTime(who string, h *History, ret, v int64) {
+	if (c.cfg.MaxBehind <= 0 && c.cfg.MaxAhead <= 0) || v <= 0 {
+		return
+	}
+	wall := h.Wall + (ret - h.Start)
+	start := snowflake.MsTime(snowflake.ID(v).Ms()).UnixNano()
+	behind := time.Duration(wall - start)
+	c.rep.MaxBehindSeen = max(c.rep.MaxBehindSeen, behind)
+	c.rep.MaxAheadSeen = max(c.rep.MaxAheadSeen, -behind)
+	if (c.cfg.MaxBehind > 0 && behind >= c.cfg.MaxBehind) || (c.cfg.MaxAhead > 0 && -behind > c.cfg.MaxAhead) {
+		c.rep.OutsideTimeBound++
+		c.example("time", "%s: %d (millisecond %s) handed out at %s, %v behind",
+			who, v, time.Unix(0, start).UTC().Format("15:04:05.000"), time.Unix(0, wall).UTC().Format("15:04:05.000000"), behind)
+	}
+}
+
 // mintedUnder finds which of a process's leases of a code (ls, by Ret)
 // handed out linear position l by t1: the latest lease acquired by t1 with
 // a block holding l that had arrived by t1, or else the latest lease
@@ -503,22 +619,34 @@ func mintedUnder(ls []*leaseInfo, l, t1 int64) (li *leaseInfo, blk *blockInfo, o
 	return li, blk, true
 }
 
-// checkBlocks checks that blocks of one code, from every process, never
-// overlap, and counts the positions and blocks that were never used.
+// checkBlocks checks that blocks and shared runs of one code, from every
+// process, never overlap, and counts the positions and blocks (runs) that
+// were never used.
 func (c *checker) checkBlocks() {
-	spans := make([]overlap.Span, len(c.blocks))
-	for i, b := range c.blocks {
-		spans[i] = overlap.Span{Region: b.Region, Worker: b.Worker, Lo: b.Lo, Hi: b.Hi}
+	spans := make([]overlap.Span, 0, len(c.blocks)+len(c.shared))
+	names := make([]string, 0, cap(spans))
+	for _, b := range c.blocks {
+		spans = append(spans, overlap.Span{Region: b.Region, Worker: b.Worker, Lo: b.Lo, Hi: b.Hi})
+		names = append(names, fmt.Sprintf("%s's block [%d,%d)", b.proc.Name, b.Lo, b.Hi))
+	}
+	for _, r := range c.shared {
+		spans = append(spans, overlap.Span{Region: r.Region, Worker: r.Worker, Lo: r.Lo, Hi: r.Hi})
+		names = append(names, fmt.Sprintf("%s's shared run [%d,%d)", r.proc.Name, r.Lo, r.Hi))
 	}
 	for _, o := range overlap.Find(spans) {
-		a, b := c.blocks[o.Earlier], c.blocks[o.Later]
+		b := spans[o.Later]
 		c.rep.BlockOverlaps++
-		c.example("overlap", "%v: %s's [%d,%d) overlaps %s's [%d,%d)",
-			codeKey{b.Region, b.Worker}, b.proc.Name, b.Lo, b.Hi, a.proc.Name, a.Lo, a.Hi)
+		c.example("overlap", "%v: %s overlaps %s", codeKey{b.Region, b.Worker}, names[o.Later], names[o.Earlier])
 	}
 	for _, b := range c.blocks {
 		c.rep.GapPositions += b.Len() - b.minted
 		if b.minted == 0 {
+			c.rep.UnusedBlocks++
+		}
+	}
+	for _, r := range c.shared {
+		c.rep.GapPositions += r.Len() - r.minted
+		if r.minted == 0 {
 			c.rep.UnusedBlocks++
 		}
 	}
@@ -536,6 +664,15 @@ func (c *checker) checkHWM() {
 				}
 				received[k][i] = true
 			}
+		}
+	}
+	for _, r := range c.shared {
+		k := codeKey{r.Region, r.Worker}
+		if i, ok := c.sharedStep(k, r); ok {
+			if received[k] == nil {
+				received[k] = map[int]bool{}
+			}
+			received[k][i] = true // by the replica's minter it was carved from
 		}
 	}
 	for w, vals := range c.cfg.HWM {
@@ -594,6 +731,29 @@ func (c *checker) hwmStep(k codeKey, b *blockInfo, first map[int64]int) (int, bo
 		c.rep.BlocksNotInEtcd++
 		c.example("etcd", "%v: %s received [%d,%d) but the HWM was already %d before it reached %d",
 			k, b.proc.Name, b.Lo, b.Hi, prev, b.Hi)
+		return 0, false
+	}
+	return i, true
+}
+
+// sharedStep returns the index of the HWM step a shared run was carved
+// from: the first value at or above r.Hi, with the value before it at or
+// below r.Lo (a replica's minter carves a run from one block, one committed
+// step; the key only grows, which hwmIndex checks). A run within no step
+// is counted in BlocksNotInEtcd: its positions were never granted.
+func (c *checker) sharedStep(k codeKey, r *sharedInfo) (int, bool) {
+	vals := c.cfg.HWM[k.worker]
+	if k.region != c.cfg.Region {
+		vals = nil
+	}
+	i := sort.Search(len(vals), func(i int) bool { return vals[i] >= r.Hi })
+	var prev int64
+	if i > 0 {
+		prev = vals[i-1]
+	}
+	if i == len(vals) || r.Lo < prev {
+		c.rep.BlocksNotInEtcd++
+		c.example("etcd", "%v: %s received the shared run [%d,%d), inside no committed HWM step", k, r.proc.Name, r.Lo, r.Hi)
 		return 0, false
 	}
 	return i, true

@@ -14,6 +14,7 @@
 //	R <send> <ret> <token> <ttl ns>                                       lease renewed
 //	L <send> <ret> <token>                                                lease released
 //	B <send> <ret> <token> <region> <worker> <lo> <hi> <svc ns> <valid ns> block granted
+//	S <send> <ret> <region> <worker> <lo> <hi> <svc ns> <valid ns>         shared run granted
 //	X <send> <ret> <method> <token> <reason>                              call failed
 //	I <t0> <t1> <id> <id> ...                                             IDs handed out
 //	E <t0> <t1> <class>                                                   minting failed
@@ -66,6 +67,24 @@
 //     block [lo, hi) is one committed step: hi is a value the key took and lo
 //     is at or above the value before it. HWM steps no client received are
 //     counted as burned grants (allowed: an unknown commit is never used).
+//   - Shared runs (S lines, issue 27): a client without a code of its own
+//     mints from runs a replica carves out of its own minter's blocks, so
+//     the run's code is leased by a process no history records. An ID in
+//     a shared run its process had received by t1 is held to that run
+//     instead of the lease rules: counted as a shared ID, and handed out
+//     before the run's validity (a freshness finding, as for blocks).
+//     Runs never overlap each other or any block, of any process (the
+//     overlap check above); each lies inside one committed HWM step (the
+//     first value at or above its end, with the value before it at or
+//     below its start), else it counts as a block not in etcd. A shared
+//     ID is above the process's previous ID whatever its code, and so is
+//     the ID after it. Every existing rule holds unchanged for IDs not in
+//     a shared run.
+//   - Time bound (Config.MaxBehind, MaxAhead; opt-in): every ID's
+//     millisecond began less than MaxBehind before the wall time at which
+//     its call returned (the header's wall and start map the history's
+//     clock to it) and at most MaxAhead after. Runs that move a service
+//     clock leave it off.
 //
 // Gaps (positions of received blocks never handed out) are counted, not
 // errors: docs/design.md allows them.

@@ -53,6 +53,20 @@ type Block struct {
 // Len is the number of positions in the block.
 func (b Block) Len() int64 { return b.Hi - b.Lo }
 
+// SharedRun is a shared run received (S line): positions [Lo, Hi) of a
+// code a replica's own minter holds, granted by AllocateShared to a process
+// without a lease of that code. ServiceTime and ValidUntil are Unix ns on
+// the service's clock.
+type SharedRun struct {
+	Send, Ret               int64
+	Region, Worker          int
+	Lo, Hi                  int64
+	ServiceTime, ValidUntil int64
+}
+
+// Len is the number of positions in the run.
+func (s SharedRun) Len() int64 { return s.Hi - s.Lo }
+
 // FailedCall is a failed RangeService call (X line).
 type FailedCall struct {
 	Send, Ret int64
@@ -88,6 +102,7 @@ type History struct {
 	Renewals []Renewal
 	Releases []Release
 	Blocks   []Block
+	Shared   []SharedRun
 	Failed   []FailedCall
 	Mints    []Mint
 	Failures []MintFailure
@@ -274,7 +289,7 @@ func (h *History) parseLine(line string) error {
 		return nil
 	}
 	f := strings.Fields(rest)
-	want := map[byte]int{'A': 7, 'R': 4, 'L': 3, 'B': 9, 'X': 5, 'E': 3}
+	want := map[byte]int{'A': 7, 'R': 4, 'L': 3, 'B': 9, 'S': 8, 'X': 5, 'E': 3}
 	if n, ok := want[tag]; ok && len(f) != n {
 		return errors.Wrapf(ErrMalformed, "%c line has %d fields, want %d", tag, len(f), n)
 	}
@@ -319,6 +334,20 @@ func (h *History) parseLine(line string) error {
 		}
 		h.Blocks = append(h.Blocks, Block{Send: v[0], Ret: v[1], Token: v[2], Region: region, Worker: worker,
 			Lo: v[3], Hi: v[4], ServiceTime: v[5], ValidUntil: v[6]})
+	case 'S':
+		v, err := ints(f[:2], f[4:]...)
+		if err != nil {
+			return err
+		}
+		region, worker, err := code(f[2], f[3])
+		if err != nil {
+			return err
+		}
+		if v[3] <= v[2] || v[2] < 0 {
+			return errors.Wrapf(ErrMalformed, "S line: run [%d,%d) is empty or negative", v[2], v[3])
+		}
+		h.Shared = append(h.Shared, SharedRun{Send: v[0], Ret: v[1], Region: region, Worker: worker,
+			Lo: v[2], Hi: v[3], ServiceTime: v[4], ValidUntil: v[5]})
 	case 'X':
 		v, err := ints([]string{f[0], f[1], f[3]})
 		if err != nil {

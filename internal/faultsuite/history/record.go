@@ -138,8 +138,14 @@ func (r *Recorder) Granted(send, ret, token int64, region, worker int, lo, hi, s
 	r.line("B %d %d %d %d %d %d %d %d %d", send, ret, token, region, worker, lo, hi, serviceNs, validNs)
 }
 
+// SharedGranted records a shared run received (AllocateShared): positions
+// [lo, hi) of a replica's code, held by no lease of this process.
+func (r *Recorder) SharedGranted(send, ret int64, region, worker int, lo, hi, serviceNs, validNs int64) {
+	r.line("S %d %d %d %d %d %d %d %d", send, ret, region, worker, lo, hi, serviceNs, validNs)
+}
+
 // CallFailed records a failed call (method: acquire, renew, release,
-// allocate) with a one-word reason (the gRPC code).
+// allocate, shared) with a one-word reason (the gRPC code).
 func (r *Recorder) CallFailed(send, ret int64, method string, token int64, reason string) {
 	r.line("X %d %d %s %d %s", send, ret, word(method), token, word(reason))
 }
@@ -229,8 +235,8 @@ func (r *Recorder) Close() error {
 	return errors.Wrap(cerr, "history: close")
 }
 
-// UnaryClientInterceptor records every lease and block call of the
-// RangeService made through the connection it is installed on (pass it to
+// UnaryClientInterceptor records every lease, block and shared-run call of
+// the RangeService made through the connection it is installed on (pass it to
 // the client in rangeclient.Config.DialOptions with
 // grpc.WithChainUnaryInterceptor). Send is read before the call is handed
 // to gRPC, ret after the reply is decoded, so they bracket what the client
@@ -281,6 +287,14 @@ func (r *Recorder) recordCall(send, ret int64, req, reply any, err error) {
 		}
 		l := q.GetLease()
 		r.Granted(send, ret, l.GetToken(), int(l.GetRegion()), int(l.GetWorker()), p.GetLo(), p.GetHi(),
+			p.GetServiceTimeUnixNano(), p.GetValidUntilUnixNano())
+	case *idrangev1.AllocateSharedRequest:
+		p, _ := reply.(*idrangev1.AllocateSharedResponse)
+		if err != nil || p == nil {
+			r.CallFailed(send, ret, "shared", 0, orReason(reason, "no-reply"))
+			return
+		}
+		r.SharedGranted(send, ret, int(p.GetRegion()), int(p.GetWorker()), p.GetLo(), p.GetHi(),
 			p.GetServiceTimeUnixNano(), p.GetValidUntilUnixNano())
 	}
 }

@@ -43,6 +43,16 @@ func (fakeService) AllocateBlock(_ context.Context, q *idrangev1.AllocateBlockRe
 	return &idrangev1.AllocateBlockResponse{Lo: 4096, Hi: 4096 + int64(q.GetCount()), ServiceTimeUnixNano: 10, ValidUntilUnixNano: 20}, nil
 }
 
+// AllocateShared grants a run of code 1/9 for counts up to 500 and is
+// unavailable beyond.
+func (fakeService) AllocateShared(_ context.Context, q *idrangev1.AllocateSharedRequest) (*idrangev1.AllocateSharedResponse, error) {
+	if q.GetCount() > 500 {
+		return nil, status.Error(codes.Unavailable, "no block")
+	}
+	return &idrangev1.AllocateSharedResponse{Region: 1, Worker: 9, Lo: 8192, Hi: 8192 + int64(q.GetCount()),
+		ServiceTimeUnixNano: 30, ValidUntilUnixNano: 40}, nil
+}
+
 func TestInterceptorRecordsCalls(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "h")
 	before := Now()
@@ -70,6 +80,12 @@ func TestInterceptorRecordsCalls(t *testing.T) {
 	if _, err := c.ReleaseLease(ctx, &idrangev1.ReleaseLeaseRequest{Lease: l}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := c.AllocateShared(ctx, &idrangev1.AllocateSharedRequest{Count: 64}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.AllocateShared(ctx, &idrangev1.AllocateSharedRequest{Count: 501}); err == nil {
+		t.Fatal("a shared run of 501 was granted")
+	}
 	rec.Minted(Now(), Now(), []snowflake.ID{segment.Block{Region: 2, Worker: 7}.ID(4096)})
 	rec.Note(Now(), "client clock moved by -2s")
 	if err := rec.Close(); err != nil {
@@ -90,8 +106,13 @@ func TestInterceptorRecordsCalls(t *testing.T) {
 	if len(h.Renewals) != 1 || h.Renewals[0].Token != 42 || h.Renewals[0].TTL != 2500*time.Millisecond {
 		t.Fatalf("renewals %+v", h.Renewals)
 	}
-	if len(h.Failed) != 1 || h.Failed[0].Method != "renew" || h.Failed[0].Token != 99 || h.Failed[0].Reason != "FailedPrecondition" {
+	if len(h.Failed) != 2 || h.Failed[0].Method != "renew" || h.Failed[0].Token != 99 || h.Failed[0].Reason != "FailedPrecondition" ||
+		h.Failed[1].Method != "shared" || h.Failed[1].Token != 0 || h.Failed[1].Reason != "Unavailable" {
 		t.Fatalf("failed calls %+v", h.Failed)
+	}
+	if len(h.Shared) != 1 || h.Shared[0] != (SharedRun{Send: h.Shared[0].Send, Ret: h.Shared[0].Ret, Region: 1, Worker: 9,
+		Lo: 8192, Hi: 8192 + 64, ServiceTime: 30, ValidUntil: 40}) || h.Shared[0].Ret < h.Shared[0].Send {
+		t.Fatalf("shared runs %+v", h.Shared)
 	}
 	if len(h.Blocks) != 1 || h.Blocks[0].Lo != 4096 || h.Blocks[0].Hi != 4196 || h.Blocks[0].Worker != 7 || h.Blocks[0].ValidUntil != 20 {
 		t.Fatalf("blocks %+v", h.Blocks)
@@ -118,6 +139,9 @@ func TestParseRejectsMalformed(t *testing.T) {
 		"A bad ttl":        hdr + "A 1 2 3 0 1 5 0\n",
 		"A bad worker":     hdr + "A 1 2 3 0 256 5 100\n",
 		"B empty":          hdr + "B 1 2 3 0 1 10 10 0 0\n",
+		"S empty":          hdr + "S 1 2 0 1 10 10 0 0\n",
+		"S short":          hdr + "S 1 2 0 1 10 20 0\n",
+		"S bad worker":     hdr + "S 1 2 0 256 10 20 0 0\n",
 		"I no ids":         hdr + "I 1 2\n",
 		"I not a number":   hdr + "I 1 2 x\n",
 		"empty line":       hdr + "\n",
@@ -164,6 +188,7 @@ func FuzzParse(f *testing.F) {
 	f.Add("H name=a pid=1 region=0 margin=0 start=1\nI 1 2 4097 4098\n")
 	f.Add("H name=a pid=1 region=1 margin=5 start=1 wall=3\nA 1 2 3 1 4 5 100\nB 1 2 3 1 4 10 20 0 0\nN 5 hello world\n")
 	f.Add("H name=a pid=1 region=0 margin=0 start=1\nX 1 2 renew 3 Unavailable\nE 1 2 lease_lost\nR 1 2 3 4\nL 1 2 3\n")
+	f.Add("H name=a pid=1 region=1 margin=0 start=1\nS 1 2 1 9 8192 8256 30 40\nX 1 2 shared 0 Unavailable\n")
 	f.Fuzz(func(t *testing.T, s string) {
 		h, err := Parse(strings.NewReader(s), "fuzz")
 		if err != nil {
