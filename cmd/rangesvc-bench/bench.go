@@ -21,7 +21,10 @@ Runs the fleet load test in this process: --regions x --workers rangeclients
 (default 4 x 200), each over loopback gRPC to its region's in-process
 rangesvc (one embedded etcd shared by all regions unless --etcd-per-region),
 paced to --rate IDs/s in total for --duration, plus a burst of --burst IDs
-from one worker every --burst-every. --cpu-hog N keeps N cores busy in a
+from one worker every --burst-every. Many clients: beyond a region's 256
+codes (or with --auto-codes for all) workers use rangeclient Codes 0, the
+shared path the replicas serve from their Next minter, over --conns shared
+connections per region (e.g. --regions 1 --workers 10000). --cpu-hog N keeps N cores busy in a
 child process during the run, to reproduce an overloaded machine. Every ID is verified unique and in
 range at the end; exit 1 on any duplicate or out-of-range ID (and, with
 --fail-on-errors, on failed Next calls, which are otherwise reported).
@@ -37,7 +40,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := newReportFlags("bench", benchUsage, stderr)
 	var (
 		regions       = fs.Int("regions", benchrun.DefaultRegions, "regions (1..4)")
-		workers       = fs.Int("workers", benchrun.DefaultWorkers, "workers (rangeclients) per region (1..256)")
+		workers       = fs.Int("workers", benchrun.DefaultWorkers, fmt.Sprintf("workers (rangeclients) per region (1..%d); beyond 256, the workers past the 255th use the shared path (Codes 0)", benchrun.MaxWorkers))
+		autoCodes     = fs.Bool("auto-codes", false, "every worker uses rangeclient Codes 0 (the shared path; a code only when its rate needs one)")
+		conns         = fs.Int("conns", benchrun.DefaultConns, "gRPC connections per region shared by the Codes-0 workers")
+		sharedRate    = fs.Float64("shared-rate", 0, "the replicas' shared-path bound per identity, IDs/s (rangesvc serve --shared-rate; 0: its default)")
 		rate          = fs.Float64("rate", benchrun.DefaultRate, "target aggregate IDs/s")
 		duration      = fs.Duration("duration", benchrun.DefaultDuration, "paced run time (per point with --sweep)")
 		tick          = fs.Duration("tick", benchrun.DefaultTick, "pacing interval of each worker")
@@ -80,6 +86,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return cli.Usagef("--block %d is negative", *fixedBlock)
 	case !(*prefetch > 0 && *prefetch <= 1):
 		return cli.Usagef("--prefetch %v not in (0, 1]", *prefetch)
+	case *conns < 1:
+		return cli.Usagef("--conns %d must be at least 1", *conns)
+	case *sharedRate < 0:
+		return cli.Usagef("--shared-rate %v is negative (0: the service's default)", *sharedRate)
 	case *setupTimeout <= 0:
 		return cli.Usagef("--setup-timeout %v must be positive", *setupTimeout)
 	case *rpcTimeout <= 0:
@@ -102,6 +112,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		Logger:            logger,
 		Regions:           *regions,
 		Workers:           *workers,
+		AutoCodes:         *autoCodes,
+		Conns:             *conns,
+		SharedRate:        *sharedRate,
 		Rate:              *rate,
 		Duration:          *duration,
 		Tick:              *tick,

@@ -9,8 +9,19 @@
 // etcd (Config.EtcdPerRegion gives each its own). Each worker has its own
 // client and its own gRPC connection, as separate processes would.
 //
-// Pacing: each worker runs a ticker (Config.Tick, default 10 ms, phases
-// staggered) and on every tick mints what a token bucket at rate/(R×W) IDs/s
+// Many clients: beyond a region's 256 codes (or with Config.AutoCodes) the
+// replicas serve the shared path (each one's Next minter holds a code and
+// carves runs for clients without one), 255 workers per region keep a code
+// each (none with AutoCodes) and the rest use rangeclient Codes 0, sharing
+// Config.Conns gRPC connections per region through a wire allocator
+// (Config.Allocator), since 10,000 connections would exhaust the process's
+// file descriptors. The report counts the shared grants and their
+// server-side latency (AllocateShared) next to the codes' (AllocateBlock).
+//
+// Pacing: each worker is paced by a ticker (Config.Tick, default 50 ms,
+// phases staggered); a fleet of more than maxPacers (800) workers is paced
+// in groups, one goroutine and ticker per group, so the wake-ups stay
+// those of the default fleet. On every tick each worker mints what a token bucket at rate/(R×W) IDs/s
 // says it owes since the start, so a worker that fell behind catches up and
 // the achieved rate is the honest total of IDs over elapsed time. Nothing
 // busy-loops. Per-ID latency is the time of each Next call (one clock
@@ -68,6 +79,22 @@ const (
 	DefaultTick       = 50 * time.Millisecond
 	DefaultBurstSize  = 3000
 	DefaultBurstEvery = time.Second
+	// MaxWorkers bounds Config.Workers per region: 10,000 is the issue's
+	// many-clients fleet; every worker costs a rangeclient's goroutines
+	// and buffers in this one process.
+	MaxWorkers = 50_000
+	// DefaultConns is the gRPC connections per region the Codes-0 workers
+	// share: a few, so each carries many clients' grants (as one host's
+	// processes share a proxy or a node-local connection).
+	DefaultConns = 8
+	// maxConns bounds Config.Conns (file descriptors: two per loopback
+	// connection in this process).
+	maxConns = 1024
+	// maxPacers bounds the goroutines that pace the workers: a fleet
+	// larger than the default 800 workers is paced in groups, each
+	// goroutine minting for several workers per tick, so the wake-ups
+	// per second stay those of the default fleet.
+	maxPacers = DefaultRegions * DefaultWorkers
 	// DefaultSetupConcurrency bounds how many clients start at once: more
 	// only queues on etcd's fsync and starves lease renewals on 2 cores.
 	DefaultSetupConcurrency = 8
@@ -114,11 +141,17 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 		return nil, errors.Newf("bench: environment has %d regions, config %d", len(env.regions), cfg.Regions)
 	}
 	rep := newReport(cfg)
-	workers, err := rep.startFleet(ctx, env, cfg)
-	defer closeClients(workers, cfg.SetupConcurrency)
+	stopShared, err := env.enableShared(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
+	defer stopShared()
+	f, err := rep.startFleet(ctx, env, cfg)
+	defer f.close(cfg.SetupConcurrency)
+	if err != nil {
+		return nil, err
+	}
+	workers := f.workers
 
 	var h *hog
 	if cfg.CPUHog > 0 {
@@ -134,19 +167,21 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	workers[0].burst = cfg.BurstSize > 0
+	if cfg.BurstSize > 0 {
+		workers[0].burst = &burstStats{}
+	}
 	base := takeBaseline(env, workers)
-	rep.runPaced(ctx, cfg, env, workers, checker, begin, cpu0, base)
+	ps := rep.runPaced(ctx, cfg, env, workers, checker, begin, cpu0, base)
 	if h != nil {
 		res := h.stop()
 		rep.HogCPUCores, rep.HogProblem = res.CPUCores, res.Problem
 		fmt.Fprintf(cfg.Progress, "bench: cpu hog stopped: it burnt %.2f cores\n", res.CPUCores)
 	}
-	rep.sumWorkers(cfg, workers)
+	rep.sumWorkers(cfg, workers, ps)
 	rep.sumFleet(cfg, env, workers, base)
 
 	// Close the clients (frees the CPU, gives the leases back), then check.
-	closeClients(workers, cfg.SetupConcurrency)
+	f.close(cfg.SetupConcurrency)
 	rep.verify(cfg, checker, workers)
 	runtime.GC()
 	return rep, nil
@@ -168,19 +203,20 @@ func takeBaseline(env *Env, workers []*worker) baseline {
 // the end of the window plus the grace for late Next calls, and records
 // the elapsed time and CPU use.
 func (rep *Report) runPaced(ctx context.Context, cfg Config, env *Env, workers []*worker, checker *measure.Checker,
-	begin time.Time, cpu0 time.Duration, base baseline) {
+	begin time.Time, cpu0 time.Duration, base baseline) []*pacer {
 	end := begin.Add(cfg.Duration)
 	runCtx, cancel := context.WithDeadline(ctx, end.Add(endGrace))
 	defer cancel()
 	perWorker := cfg.Rate / float64(len(workers))
 	var wg sync.WaitGroup
 	jitter := rand.New(rand.NewPCG(uint64(begin.UnixNano()), 7))
-	for _, w := range workers {
+	ps := pacers(workers)
+	for _, p := range ps {
 		offset := time.Duration(jitter.Int64N(int64(cfg.Tick)))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w.run(runCtx, cfg, begin, end, offset, perWorker, checker)
+			p.run(runCtx, cfg, begin, end, offset, perWorker, checker)
 		}()
 	}
 	progressDone := make(chan struct{})
@@ -193,6 +229,7 @@ func (rep *Report) runPaced(ctx context.Context, cfg Config, env *Env, workers [
 	rep.CPUCores = float64(measure.CPUTime()-cpu0) / float64(rep.Elapsed)
 	cancel()
 	<-progressDone
+	return ps
 }
 
 // progress prints a line every ProgressEvery until ctx ends.

@@ -11,46 +11,77 @@ import (
 	"github.com/idrange/idrange/snowflake"
 )
 
-// worker is one client and what its goroutine measured.
+// worker is one client and what was measured of it. Its pacer's goroutine
+// owns every field but minted.
 type worker struct {
 	region, index int
-	code          measure.Code
+	code          measure.Code // the first code held; zero for a Codes-0 worker
+	shared        bool         // started with Codes 0 (on the shared path)
 	c             *rangeclient.Client
 
-	n      int64 // IDs kept (owned by the worker's goroutine)
+	n      int64 // IDs kept
+	done   int64 // paced IDs minted
 	window int64 // paced IDs returned by the end of the window
 	// foreign counts IDs whose region field is not the worker's region.
 	foreign   int64
 	foreignEx []measure.Bad
 	minted    atomic.Int64 // n as of the last tick, read by the progress line
-	hist      measure.Histogram
-	late      measure.Histogram
 	slow      uint64
 	errs      int64
 	err       error
 	buf       []snowflake.ID
 
-	burst      bool
-	burstHist  measure.Histogram
-	burstDur   measure.Histogram
-	bursts     int
-	burstsInBg int
-	burstIDs   int64
+	burst *burstStats // the burst profile, for the one worker that runs it
 }
 
-// run is one worker's paced loop.
-func (w *worker) run(ctx context.Context, cfg Config, begin, end time.Time, offset time.Duration, rate float64, checker *measure.Checker) {
+// burstStats is what the burst profile measured.
+type burstStats struct {
+	next     time.Time
+	hist     measure.Histogram
+	dur      measure.Histogram
+	count    int
+	inBudget int
+	ids      int64
+}
+
+// pacer is one goroutine that paces a group of workers (one worker in a
+// fleet of up to maxPacers) and the latency it measured for them.
+type pacer struct {
+	workers []*worker
+	hist    measure.Histogram // per ID (each Next call)
+	late    measure.Histogram // tick lateness
+}
+
+// pacers splits workers into at most maxPacers groups of consecutive
+// workers (so a region's workers stay together).
+func pacers(workers []*worker) []*pacer {
+	size := (len(workers) + maxPacers - 1) / maxPacers
+	ps := make([]*pacer, 0, (len(workers)+size-1)/size)
+	for i := 0; i < len(workers); i += size {
+		ps = append(ps, &pacer{workers: workers[i:min(i+size, len(workers))]})
+	}
+	return ps
+}
+
+// run is one pacer's loop: on each tick every worker of the group mints
+// what a token bucket at rate IDs/s says it owes since begin.
+func (p *pacer) run(ctx context.Context, cfg Config, begin, end time.Time, offset time.Duration, rate float64, checker *measure.Checker) {
 	defer func() {
-		w.flush(cfg, checker)
-		w.minted.Store(w.n)
+		for _, w := range p.workers {
+			w.flush(cfg, checker)
+			w.minted.Store(w.n)
+		}
 	}()
 	if !sleepUntil(ctx, begin.Add(offset)) {
 		return
 	}
+	for _, w := range p.workers {
+		if w.burst != nil {
+			w.burst.next = begin.Add(offset + cfg.BurstEvery/2)
+		}
+	}
 	t := time.NewTicker(cfg.Tick)
 	defer t.Stop()
-	var done int64
-	nextBurst := begin.Add(offset + cfg.BurstEvery/2)
 	for {
 		var tick time.Time
 		select {
@@ -59,41 +90,53 @@ func (w *worker) run(ctx context.Context, cfg Config, begin, end time.Time, offs
 		case tick = <-t.C:
 		}
 		now := time.Now()
-		w.late.Record(now.Sub(tick))
+		p.late.Record(now.Sub(tick))
 		last := !now.Before(end)
-		if last {
-			// The final tick settles what is owed up to the end exactly,
-			// so a worker that kept up mints rate × Duration.
-			now = end
-		}
-		if w.burst && !last && !now.Before(nextBurst) {
-			if !w.runBurst(ctx, cfg, checker) {
+		for _, w := range p.workers {
+			if !w.step(ctx, cfg, p, begin, end, last, rate, checker) {
 				return
 			}
-			nextBurst = nextBurst.Add(cfg.BurstEvery)
-			now = time.Now()
 		}
-		owed := int64(rate*now.Sub(begin).Seconds()) - done
-		if last {
-			now = time.Now()
-		}
-		for range owed {
-			id, d, ok := w.next(ctx, &now)
-			if !ok {
-				return
-			}
-			w.hist.Record(d)
-			w.keep(cfg, checker, id)
-			done++
-			if !now.After(end) {
-				w.window++
-			}
-		}
-		w.minted.Store(w.n)
 		if last {
 			return
 		}
 	}
+}
+
+// step is one worker's share of a tick: its burst when due, then the paced
+// IDs it owes. On the last tick (last) it settles what is owed up to end
+// exactly, so a worker that kept up mints rate × Duration. It returns
+// false when the run is over.
+func (w *worker) step(ctx context.Context, cfg Config, p *pacer, begin, end time.Time, last bool, rate float64, checker *measure.Checker) bool {
+	now := time.Now()
+	if last {
+		now = end
+	}
+	if w.burst != nil && !last && !now.Before(w.burst.next) {
+		if !w.runBurst(ctx, cfg, p, checker) {
+			return false
+		}
+		w.burst.next = w.burst.next.Add(cfg.BurstEvery)
+		now = time.Now()
+	}
+	owed := int64(rate*now.Sub(begin).Seconds()) - w.done
+	if last {
+		now = time.Now()
+	}
+	defer func() { w.minted.Store(w.n) }()
+	for range owed {
+		id, d, ok := w.next(ctx, &now)
+		if !ok {
+			return false
+		}
+		p.hist.Record(d)
+		w.keep(cfg, checker, id)
+		w.done++
+		if !now.After(end) {
+			w.window++
+		}
+	}
+	return true
 }
 
 // next mints one ID and times it; now is advanced to the reading after the
@@ -128,7 +171,8 @@ func (w *worker) next(ctx context.Context, now *time.Time) (snowflake.ID, time.D
 }
 
 // runBurst asks for BurstSize IDs back to back.
-func (w *worker) runBurst(ctx context.Context, cfg Config, checker *measure.Checker) bool {
+func (w *worker) runBurst(ctx context.Context, cfg Config, p *pacer, checker *measure.Checker) bool {
+	b := w.burst
 	start := time.Now()
 	now := start
 	for range cfg.BurstSize {
@@ -136,16 +180,16 @@ func (w *worker) runBurst(ctx context.Context, cfg Config, checker *measure.Chec
 		if !ok {
 			return false
 		}
-		w.hist.Record(d)
-		w.burstHist.Record(d)
+		p.hist.Record(d)
+		b.hist.Record(d)
 		w.keep(cfg, checker, id)
-		w.burstIDs++
+		b.ids++
 	}
 	d := now.Sub(start)
-	w.burstDur.Record(d)
-	w.bursts++
+	b.dur.Record(d)
+	b.count++
 	if d <= BurstBudget {
-		w.burstsInBg++
+		b.inBudget++
 	}
 	return true
 }
