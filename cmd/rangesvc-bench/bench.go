@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strconv"
 	"time"
 
@@ -60,6 +61,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		sweepBlocks   = fs.String("sweep-blocks", joinInts(benchrun.DefaultSweepBlocks), "comma-separated block sizes (linear units) for --sweep")
 		out           = fs.String("out", "", "with --sweep: directory for sweep.svg, sweep.md, sweep.json")
 		setupTimeout  = fs.Duration("setup-timeout", 2*time.Minute, "bound on starting all clients (per point with --sweep)")
+		cpuProfile    = fs.String("cpuprofile", "", "write a CPU profile of the paced run to this file (samples labelled by role: go tool pprof -tags)")
 		logLevel      = fs.String("log", "", "log clients and services to stderr at this level (debug, info, warn, error); default off")
 	)
 	if err := fs.parse(args); err != nil {
@@ -159,6 +161,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		fmt.Fprintf(stderr, "bench: sweep finished in %v\n", time.Since(start).Round(time.Second))
 		return sr.Err() // verification failures only: tiny blocks are expected to fail calls
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return errors.Wrap(err, "--cpuprofile")
+		}
+		defer f.Close()
+		cfg.CPUProfile = f
 	}
 	rep, err := benchrun.Run(ctx, cfg)
 	if err != nil {

@@ -58,6 +58,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"runtime/pprof"
 	"sync"
 	"time"
 
@@ -171,7 +172,15 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 		workers[0].burst = &burstStats{}
 	}
 	base := takeBaseline(env, workers)
+	if cfg.CPUProfile != nil {
+		if err := pprof.StartCPUProfile(cfg.CPUProfile); err != nil {
+			return nil, errors.Wrap(err, "bench: CPU profile")
+		}
+	}
 	ps := rep.runPaced(ctx, cfg, env, workers, checker, begin, cpu0, base)
+	if cfg.CPUProfile != nil {
+		pprof.StopCPUProfile()
+	}
 	if h != nil {
 		res := h.stop()
 		rep.HogCPUCores, rep.HogProblem = res.CPUCores, res.Problem
@@ -186,6 +195,10 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 	runtime.GC()
 	return rep, nil
 }
+
+// roleLabel labels the goroutines a part of the bench starts (they pass it
+// on to every goroutine they start), for Config.CPUProfile.
+func roleLabel(role string) pprof.LabelSet { return pprof.Labels("role", role) }
 
 // baseline is what the counters read before the paced run; the report
 // counts the difference.
@@ -214,10 +227,10 @@ func (rep *Report) runPaced(ctx context.Context, cfg Config, env *Env, workers [
 	for _, p := range ps {
 		offset := time.Duration(jitter.Int64N(int64(cfg.Tick)))
 		wg.Add(1)
-		go func() {
+		go pprof.Do(runCtx, roleLabel("pacer"), func(runCtx context.Context) {
 			defer wg.Done()
 			p.run(runCtx, cfg, begin, end, offset, perWorker, checker)
-		}()
+		})
 	}
 	progressDone := make(chan struct{})
 	go func() {

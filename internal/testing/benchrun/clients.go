@@ -3,6 +3,7 @@ package benchrun
 import (
 	"context"
 	"fmt"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,7 +46,12 @@ func (rep *Report) startFleet(ctx context.Context, env *Env, cfg Config) (*fleet
 	} else {
 		fmt.Fprintf(cfg.Progress, "bench: starting %d clients (%d regions x %d workers)\n", n, cfg.Regions, cfg.Workers)
 	}
-	f, retries, err := startClients(ctx, env, cfg)
+	var (
+		f       *fleet
+		retries int64
+		err     error
+	)
+	pprof.Do(ctx, roleLabel("client"), func(ctx context.Context) { f, retries, err = startClients(ctx, env, cfg) })
 	rep.SetupRetries = retries
 	if err != nil {
 		return f, err

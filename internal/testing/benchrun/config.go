@@ -80,6 +80,12 @@ type Config struct {
 	// Progress, if set, receives a line every ProgressEvery (default 1 s).
 	Progress      io.Writer
 	ProgressEvery time.Duration
+	// CPUProfile, if set, receives a CPU profile of the paced run
+	// (runtime/pprof). Its samples carry a "role" label: "replica" (the
+	// services and their Next minters), "etcd", "client" (the
+	// rangeclients and their connections) and "pacer" (the load
+	// generator); `go tool pprof -tags` shows each one's share.
+	CPUProfile io.Writer
 	// Sink is a test hook: it sees each batch of a worker's IDs before they
 	// are verified and returns what is verified (a test plants a duplicate
 	// this way). nil passes IDs through.

@@ -3,6 +3,7 @@ package benchrun
 import (
 	"context"
 	"log/slog"
+	"runtime/pprof"
 
 	"github.com/cockroachdb/errors"
 
@@ -40,14 +41,19 @@ func StartEnv(ctx context.Context, cfg Config) (*Env, error) {
 		e := shared
 		if e == nil || cfg.EtcdPerRegion {
 			var err error
-			if e, err = localregion.StartEtcd(ctx, ""); err != nil {
+			pprof.Do(ctx, roleLabel("etcd"), func(ctx context.Context) { e, err = localregion.StartEtcd(ctx, "") })
+			if err != nil {
 				return nil, err
 			}
 			env.etcds = append(env.etcds, e)
 			shared = e
 		}
-		reg, err := localregion.Start(ctx, localregion.Config{Region: r, Etcd: e.Server, Logger: cfg.Logger,
-			SharedEtcd: !cfg.EtcdPerRegion, NextMinter: nextMinter(cfg.Logger), SharedRate: cfg.SharedRate})
+		var reg *localregion.Region
+		var err error
+		pprof.Do(ctx, roleLabel("replica"), func(ctx context.Context) {
+			reg, err = localregion.Start(ctx, localregion.Config{Region: r, Etcd: e.Server, Logger: cfg.Logger,
+				SharedEtcd: !cfg.EtcdPerRegion, NextMinter: nextMinter(cfg.Logger), SharedRate: cfg.SharedRate})
+		})
 		if err != nil {
 			return nil, err
 		}
@@ -81,7 +87,9 @@ func (e *Env) enableShared(ctx context.Context, cfg Config) (stop func(), err er
 		return stop, nil
 	}
 	for _, r := range e.regions {
-		s, err := r.EnableNext(ctx)
+		var s func() error
+		var err error
+		pprof.Do(ctx, roleLabel("replica"), func(ctx context.Context) { s, err = r.EnableNext(ctx) })
 		if err != nil {
 			stop()
 			return nil, errors.Wrapf(err, "bench: shared path of region %d", r.RegionID())
