@@ -172,6 +172,9 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 		workers[0].burst = &burstStats{}
 	}
 	base := takeBaseline(env, workers)
+	for _, a := range f.allocs {
+		a.reset()
+	}
 	if cfg.CPUProfile != nil {
 		if err := pprof.StartCPUProfile(cfg.CPUProfile); err != nil {
 			return nil, errors.Wrap(err, "bench: CPU profile")
@@ -188,6 +191,7 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 	}
 	rep.sumWorkers(cfg, workers, ps)
 	rep.sumFleet(cfg, env, workers, base)
+	rep.GrantLatency = grantLatency(f.allocs)
 
 	// Close the clients (frees the CPU, gives the leases back), then check.
 	f.close(cfg.SetupConcurrency)

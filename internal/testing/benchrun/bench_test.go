@@ -319,6 +319,8 @@ func TestManyClientsFleet(t *testing.T) {
 		t.Errorf("%d workers on the shared path and %d that took a code, want %d in all", back.SharedClients, back.SharedTookCode, shared)
 	case back.Verify.IdleSharedWorkers != 0 || len(back.Verify.MissingCodes) != 0:
 		t.Errorf("%d shared workers and %d dedicated ones minted nothing", back.Verify.IdleSharedWorkers, len(back.Verify.MissingCodes))
+	case back.GrantLatency[sharedMethod].Count == 0 || back.GrantLatency[sharedMethod].Count > back.SharedGrants:
+		t.Errorf("%d shared grants timed by the workers, %d served", back.GrantLatency[sharedMethod].Count, back.SharedGrants)
 	case back.EtcdTxnsPerSec <= 0:
 		t.Errorf("etcd Txns/s %v: the dedicated workers' grants were not counted", back.EtcdTxnsPerSec)
 	}

@@ -23,6 +23,7 @@ import (
 type fleet struct {
 	workers []*worker // some nil after a failed start
 	conns   []*grpc.ClientConn
+	allocs  []*timedAllocator // one per connection
 }
 
 // close closes every client, then the shared connections (idempotent).
@@ -74,8 +75,10 @@ func dialPools(env *Env, cfg Config, f *fleet) ([][]segment.Allocator, error) {
 			if err != nil {
 				return nil, errors.Wrapf(err, "bench: dial region %d", reg.RegionID())
 			}
+			a := &timedAllocator{SharedAllocator: wire.NewAllocator(cc).(segment.SharedAllocator)}
 			f.conns = append(f.conns, cc)
-			pools[r] = append(pools[r], wire.NewAllocator(cc))
+			f.allocs = append(f.allocs, a)
+			pools[r] = append(pools[r], a)
 		}
 	}
 	return pools, nil

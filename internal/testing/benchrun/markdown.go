@@ -78,6 +78,10 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	for _, m := range methods {
 		l := r.ServerLatency[m]
 		row("service time of "+m, "%d calls · p50 %s · p99 %s · p99.9 %s · max %s", l.Count, measure.Latency(l.P50), measure.Latency(l.P99), measure.Latency(l.P999), measure.Latency(l.Max))
+		if l, ok := r.GrantLatency[m]; ok {
+			row("round trip of "+m+" (Codes-0 workers, shared connections)", "%d calls · p50 %s · p99 %s · p99.9 %s · max %s",
+				l.Count, measure.Latency(l.P50), measure.Latency(l.P99), measure.Latency(l.P999), measure.Latency(l.Max))
+		}
 	}
 	row("failed Next calls", "%d%s", r.Errors, firstErr(r.FirstError))
 	row("leases replaced (lost, then re-acquired)", "%d", r.LeaseChanges)

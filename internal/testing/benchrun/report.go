@@ -82,6 +82,11 @@ type Report struct {
 	// ServerLatency is the services' own time per RPC method during the
 	// run (all regions), store included: where a stall came from.
 	ServerLatency map[string]measure.Summary `json:"server_latency"`
+	// GrantLatency is the round trip of the Codes-0 workers' grants per RPC
+	// method as they saw it (queueing on the shared connections and
+	// scheduling included), during the run. Workers with a code of their
+	// own dial by themselves and are not timed here.
+	GrantLatency map[string]measure.Summary `json:"grant_latency,omitempty"`
 	// Errors are failed Next calls (not counting the end of the run).
 	Errors     int64  `json:"errors"`
 	FirstError string `json:"first_error,omitempty"`
