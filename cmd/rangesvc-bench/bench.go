@@ -54,6 +54,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fixedBlock    = fs.Int("block", 0, "rangeclient block size in linear units (0: adaptive)")
 		prefetch      = fs.Float64("prefetch", clienttune.DefaultPrefetchThreshold, "rangeclient prefetch threshold (0, 1]")
 		rpcTimeout    = fs.Duration("rpc-timeout", clienttune.DefaultRPCTimeout, "rangeclient RPC timeout (each lease/refill call)")
+		idleTimeout   = fs.Duration("idle-timeout", clienttune.DefaultIdleTimeout, "rangeclient idleness: stop refilling after this long without a minted ID")
 		failOnErrors  = fs.Bool("fail-on-errors", false, "exit 1 also when Next calls failed (default: only on a verification failure)")
 		etcdPerRegion = fs.Bool("etcd-per-region", false, "one embedded etcd per region instead of one shared")
 		cpuHog        = fs.Int("cpu-hog", 0, fmt.Sprintf("cores a child process keeps busy during the run, to reproduce overload (0..%d; 0: off)", benchrun.MaxCPUHog()))
@@ -88,6 +89,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return cli.Usagef("--block %d is negative", *fixedBlock)
 	case !(*prefetch > 0 && *prefetch <= 1):
 		return cli.Usagef("--prefetch %v not in (0, 1]", *prefetch)
+	case *idleTimeout <= 0:
+		return cli.Usagef("--idle-timeout %v must be positive", *idleTimeout)
 	case *conns < 1:
 		return cli.Usagef("--conns %d must be at least 1", *conns)
 	case *sharedRate < 0:
@@ -130,6 +133,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		FixedBlock:        *fixedBlock,
 		PrefetchThreshold: *prefetch,
 		RPCTimeout:        *rpcTimeout,
+		IdleTimeout:       *idleTimeout,
 	}
 	if err := cfg.Validate(); err != nil {
 		return cli.UsageError{Err: err}

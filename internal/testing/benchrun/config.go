@@ -61,6 +61,12 @@ type Config struct {
 	FixedBlock        int
 	PrefetchThreshold float64
 	RPCTimeout        time.Duration
+	// IdleTimeout is the workers' rangeclient idleness: after this long
+	// without a minted ID a client stops refilling (0: rangeclient's
+	// default, 30 s). A Codes-0 client counts as active from New on, so
+	// until then it keeps renewing its shared run although it mints
+	// nothing: shortening it shows what that costs a large fleet's setup.
+	IdleTimeout time.Duration
 	// EtcdPerRegion gives each region its own embedded etcd instead of one
 	// shared by all.
 	EtcdPerRegion bool
@@ -169,7 +175,8 @@ func (c Config) Validate() error {
 // to every worker.
 func (c Config) baseClient() rangeclient.Config {
 	return clienttune.With(rangeclient.Config{RefillInterval: c.RefillInterval, Logger: c.Logger},
-		clienttune.Tuning{FixedBlock: c.FixedBlock, PrefetchThreshold: c.PrefetchThreshold, RPCTimeout: c.RPCTimeout})
+		clienttune.Tuning{FixedBlock: c.FixedBlock, PrefetchThreshold: c.PrefetchThreshold, RPCTimeout: c.RPCTimeout,
+			IdleTimeout: c.IdleTimeout})
 }
 
 // codesPerRegion is how many worker codes a region has.
