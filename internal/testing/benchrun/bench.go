@@ -46,8 +46,10 @@
 // uniqueness one.
 //
 // Files by concern: config.go (Config, defaults, validation), env.go (the
-// regions and their etcds), clients.go (starting and closing the fleet's
-// clients), worker.go (one worker's paced loop and bursts), bench.go (a
+// regions and their etcds, the shared path's minters), clients.go
+// (starting and closing the fleet's clients and shared connections),
+// timed.go (the Codes-0 workers' grants timed as they see them),
+// worker.go (the pacers' loops, a worker's tick and bursts), bench.go (a
 // run from start to report), verify.go (the check of every ID), report.go
 // and markdown.go (the report), sweep.go (one run per block size, charted),
 // hog.go (the CPU hog child process).
@@ -107,7 +109,9 @@ const (
 	// BurstBudget is the time docs/design.md gives one worker for 3,000 IDs.
 	BurstBudget = time.Millisecond
 	// flushEvery is how many IDs a worker buffers before handing them to
-	// the checker (one lock per flush, not per ID).
+	// the checker (one lock per flush, not per ID); a fleet of more than
+	// maxPacers workers buffers proportionally fewer each (at least 256),
+	// so the buffers together stay within flushEvery × maxPacers IDs.
 	flushEvery = 8192
 )
 
