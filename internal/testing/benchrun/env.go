@@ -126,7 +126,9 @@ func (e *Env) counts() localregion.Counts {
 func (e *Env) rpcLatency() map[string]*measure.Histogram {
 	out := map[string]*measure.Histogram{}
 	for _, r := range e.regions {
-		for m, h := range r.RPCLatency() {
+		lat := r.RPCLatency()
+		lat[storeGrantsMethod] = r.GrantLatency()
+		for m, h := range lat {
 			if out[m] == nil {
 				out[m] = measure.NewHistogram()
 			}
@@ -135,6 +137,9 @@ func (e *Env) rpcLatency() map[string]*measure.Histogram {
 	}
 	return out
 }
+
+// storeGrantsMethod names the store's own grants in Report.ServerLatency.
+const storeGrantsMethod = "store grant (etcd write)"
 
 // rpcLatencySince summarises the RPCs served after the snapshot before:
 // histograms only grow, so the run's own part is the bucket difference.
