@@ -18,10 +18,12 @@
 // file descriptors. The report counts the shared grants and their
 // server-side latency (AllocateShared) next to the codes' (AllocateBlock).
 //
-// Pacing: each worker is paced by a ticker (Config.Tick, default 50 ms,
-// phases staggered); a fleet of more than maxPacers (800) workers is paced
-// in groups, one goroutine and ticker per group, so the wake-ups stay
-// those of the default fleet. On every tick each worker mints what a token bucket at rate/(R×W) IDs/s
+// Pacing: each worker runs its own goroutine and ticker (Config.Tick,
+// default 50 ms, phases staggered), so a worker that waits for a grant
+// delays no other, as with separate processes (pacing several workers
+// from one goroutine let one stall leave its neighbours' shared runs to
+// expire unused, and cost 10,000 workers about half their rate). On
+// every tick each worker mints what a token bucket at rate/(R×W) IDs/s
 // says it owes since the start, so a worker that fell behind catches up and
 // the achieved rate is the honest total of IDs over elapsed time. Nothing
 // busy-loops. Per-ID latency is the time of each Next call (one clock
@@ -49,7 +51,7 @@
 // regions and their etcds, the shared path's minters), clients.go
 // (starting and closing the fleet's clients and shared connections),
 // timed.go (the Codes-0 workers' grants timed as they see them),
-// worker.go (the pacers' loops, a worker's tick and bursts), bench.go (a
+// worker.go (a worker's paced loop, latencies and bursts), bench.go (a
 // run from start to report), verify.go (the check of every ID), report.go
 // and markdown.go (the report), sweep.go (one run per block size, charted),
 // hog.go (the CPU hog child process).
@@ -93,11 +95,10 @@ const (
 	// maxConns bounds Config.Conns (file descriptors: two per loopback
 	// connection in this process).
 	maxConns = 1024
-	// maxPacers bounds the goroutines that pace the workers: a fleet
-	// larger than the default 800 workers is paced in groups, each
-	// goroutine minting for several workers per tick, so the wake-ups
-	// per second stay those of the default fleet.
-	maxPacers = DefaultRegions * DefaultWorkers
+	// maxShards bounds the workers' latency histograms (30 KiB each, two
+	// per shard): a fleet larger than the default 800 workers shares
+	// them, a few workers to a shard, under a lock.
+	maxShards = DefaultRegions * DefaultWorkers
 	// DefaultSetupConcurrency bounds how many clients start at once: more
 	// only queues on etcd's fsync and starves lease renewals on 2 cores.
 	DefaultSetupConcurrency = 8
@@ -110,8 +111,8 @@ const (
 	BurstBudget = time.Millisecond
 	// flushEvery is how many IDs a worker buffers before handing them to
 	// the checker (one lock per flush, not per ID); a fleet of more than
-	// maxPacers workers buffers proportionally fewer each (at least 256),
-	// so the buffers together stay within flushEvery × maxPacers IDs.
+	// maxShards workers buffers proportionally fewer each (at least 256),
+	// so the buffers together stay within flushEvery × maxShards IDs.
 	flushEvery = 8192
 )
 
@@ -184,7 +185,7 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 			return nil, errors.Wrap(err, "bench: CPU profile")
 		}
 	}
-	ps := rep.runPaced(ctx, cfg, env, workers, checker, begin, cpu0, base)
+	ls := rep.runPaced(ctx, cfg, env, workers, checker, begin, cpu0, base)
 	if cfg.CPUProfile != nil {
 		pprof.StopCPUProfile()
 	}
@@ -193,7 +194,7 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 		rep.HogCPUCores, rep.HogProblem = res.CPUCores, res.Problem
 		fmt.Fprintf(cfg.Progress, "bench: cpu hog stopped: it burnt %.2f cores\n", res.CPUCores)
 	}
-	rep.sumWorkers(cfg, workers, ps)
+	rep.sumWorkers(cfg, workers, ls)
 	rep.sumFleet(cfg, env, workers, base)
 	rep.GrantLatency = grantLatency(f.allocs)
 
@@ -224,20 +225,20 @@ func takeBaseline(env *Env, workers []*worker) baseline {
 // the end of the window plus the grace for late Next calls, and records
 // the elapsed time and CPU use.
 func (rep *Report) runPaced(ctx context.Context, cfg Config, env *Env, workers []*worker, checker *measure.Checker,
-	begin time.Time, cpu0 time.Duration, base baseline) []*pacer {
+	begin time.Time, cpu0 time.Duration, base baseline) []*latencies {
 	end := begin.Add(cfg.Duration)
 	runCtx, cancel := context.WithDeadline(ctx, end.Add(endGrace))
 	defer cancel()
 	perWorker := cfg.Rate / float64(len(workers))
 	var wg sync.WaitGroup
 	jitter := rand.New(rand.NewPCG(uint64(begin.UnixNano()), 7))
-	ps := pacers(workers)
-	for _, p := range ps {
+	ls := shardLatencies(workers)
+	for _, w := range workers {
 		offset := time.Duration(jitter.Int64N(int64(cfg.Tick)))
 		wg.Add(1)
 		go pprof.Do(runCtx, roleLabel("pacer"), func(runCtx context.Context) {
 			defer wg.Done()
-			p.run(runCtx, cfg, begin, end, offset, perWorker, checker)
+			w.run(runCtx, cfg, begin, end, offset, perWorker, checker)
 		})
 	}
 	progressDone := make(chan struct{})
@@ -250,7 +251,7 @@ func (rep *Report) runPaced(ctx context.Context, cfg Config, env *Env, workers [
 	rep.CPUCores = float64(measure.CPUTime()-cpu0) / float64(rep.Elapsed)
 	cancel()
 	<-progressDone
-	return ps
+	return ls
 }
 
 // progress prints a line every ProgressEvery until ctx ends.

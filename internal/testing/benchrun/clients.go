@@ -93,7 +93,7 @@ func startClients(ctx context.Context, env *Env, cfg Config) (*fleet, int64, err
 	if err != nil {
 		return f, 0, err
 	}
-	bufCap := min(flushEvery, max(256, flushEvery*maxPacers/n))
+	bufCap := min(flushEvery, max(256, flushEvery*maxShards/n))
 	sem := make(chan struct{}, cfg.SetupConcurrency)
 	var setupRetries, started atomic.Int64
 	var (

@@ -190,11 +190,11 @@ func newReport(cfg Config) *Report {
 
 // sumWorkers adds up what the workers measured: IDs, latency, errors,
 // bursts and the rates.
-func (rep *Report) sumWorkers(cfg Config, workers []*worker, ps []*pacer) {
+func (rep *Report) sumWorkers(cfg Config, workers []*worker, ls []*latencies) {
 	var lat, late, bh, bd measure.Histogram
-	for _, p := range ps {
-		lat.Merge(&p.hist)
-		late.Merge(&p.late)
+	for _, l := range ls {
+		lat.Merge(&l.hist)
+		late.Merge(&l.late)
 	}
 	var inWindow int64
 	for _, w := range workers {

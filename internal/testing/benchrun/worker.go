@@ -3,6 +3,7 @@ package benchrun
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -11,13 +12,14 @@ import (
 	"github.com/idrange/idrange/snowflake"
 )
 
-// worker is one client and what was measured of it. Its pacer's goroutine
-// owns every field but minted.
+// worker is one client and what was measured of it. Its goroutine owns
+// every field but minted.
 type worker struct {
 	region, index int
 	code          measure.Code // the first code held; zero for a Codes-0 worker
 	shared        bool         // started with Codes 0 (on the shared path)
 	c             *rangeclient.Client
+	lat           *latencies // shared with the workers of its shard
 
 	n      int64 // IDs kept
 	done   int64 // paced IDs minted
@@ -44,41 +46,48 @@ type burstStats struct {
 	ids      int64
 }
 
-// pacer is one goroutine that paces a group of workers (one worker in a
-// fleet of up to maxPacers) and the latency it measured for them.
-type pacer struct {
-	workers []*worker
-	hist    measure.Histogram // per ID (each Next call)
-	late    measure.Histogram // tick lateness
+// latencies are the per-ID latency and tick lateness of a shard of
+// workers. A fleet of up to maxShards workers gives each worker its own
+// (no lock is ever contended); a larger one shares maxShards of them, so
+// their memory (30 KiB a histogram) stays that of the default fleet.
+type latencies struct {
+	mu   sync.Mutex
+	hist measure.Histogram // per ID (each Next call)
+	late measure.Histogram // tick lateness
 }
 
-// pacers splits workers into at most maxPacers groups of consecutive
-// workers (so a region's workers stay together).
-func pacers(workers []*worker) []*pacer {
-	size := (len(workers) + maxPacers - 1) / maxPacers
-	ps := make([]*pacer, 0, (len(workers)+size-1)/size)
-	for i := 0; i < len(workers); i += size {
-		ps = append(ps, &pacer{workers: workers[i:min(i+size, len(workers))]})
-	}
-	return ps
+func (l *latencies) record(h *measure.Histogram, d time.Duration) {
+	l.mu.Lock()
+	h.Record(d)
+	l.mu.Unlock()
 }
 
-// run is one pacer's loop: on each tick every worker of the group mints
-// what a token bucket at rate IDs/s says it owes since begin.
-func (p *pacer) run(ctx context.Context, cfg Config, begin, end time.Time, offset time.Duration, rate float64, checker *measure.Checker) {
-	defer func() {
-		for _, w := range p.workers {
-			w.flush(cfg, checker)
-			w.minted.Store(w.n)
+// shardLatencies gives every worker its shard of latencies (consecutive
+// workers share one) and returns the shards.
+func shardLatencies(workers []*worker) []*latencies {
+	size := (len(workers) + maxShards - 1) / maxShards
+	ls := make([]*latencies, 0, (len(workers)+size-1)/size)
+	for i, w := range workers {
+		if i%size == 0 {
+			ls = append(ls, &latencies{})
 		}
+		w.lat = ls[len(ls)-1]
+	}
+	return ls
+}
+
+// run is one worker's paced loop: on each tick it mints what a token
+// bucket at rate IDs/s says it owes since begin.
+func (w *worker) run(ctx context.Context, cfg Config, begin, end time.Time, offset time.Duration, rate float64, checker *measure.Checker) {
+	defer func() {
+		w.flush(cfg, checker)
+		w.minted.Store(w.n)
 	}()
 	if !sleepUntil(ctx, begin.Add(offset)) {
 		return
 	}
-	for _, w := range p.workers {
-		if w.burst != nil {
-			w.burst.next = begin.Add(offset + cfg.BurstEvery/2)
-		}
+	if w.burst != nil {
+		w.burst.next = begin.Add(offset + cfg.BurstEvery/2)
 	}
 	t := time.NewTicker(cfg.Tick)
 	defer t.Stop()
@@ -90,30 +99,25 @@ func (p *pacer) run(ctx context.Context, cfg Config, begin, end time.Time, offse
 		case tick = <-t.C:
 		}
 		now := time.Now()
-		p.late.Record(now.Sub(tick))
+		w.lat.record(&w.lat.late, now.Sub(tick))
 		last := !now.Before(end)
-		for _, w := range p.workers {
-			if !w.step(ctx, cfg, p, begin, end, last, rate, checker) {
-				return
-			}
-		}
-		if last {
+		if !w.step(ctx, cfg, begin, end, last, rate, checker) || last {
 			return
 		}
 	}
 }
 
-// step is one worker's share of a tick: its burst when due, then the paced
-// IDs it owes. On the last tick (last) it settles what is owed up to end
+// step is one tick of the worker: its burst when due, then the paced IDs
+// it owes. On the last tick (last) it settles what is owed up to end
 // exactly, so a worker that kept up mints rate × Duration. It returns
 // false when the run is over.
-func (w *worker) step(ctx context.Context, cfg Config, p *pacer, begin, end time.Time, last bool, rate float64, checker *measure.Checker) bool {
+func (w *worker) step(ctx context.Context, cfg Config, begin, end time.Time, last bool, rate float64, checker *measure.Checker) bool {
 	now := time.Now()
 	if last {
 		now = end
 	}
 	if w.burst != nil && !last && !now.Before(w.burst.next) {
-		if !w.runBurst(ctx, cfg, p, checker) {
+		if !w.runBurst(ctx, cfg, checker) {
 			return false
 		}
 		w.burst.next = w.burst.next.Add(cfg.BurstEvery)
@@ -129,7 +133,7 @@ func (w *worker) step(ctx context.Context, cfg Config, p *pacer, begin, end time
 		if !ok {
 			return false
 		}
-		p.hist.Record(d)
+		w.lat.record(&w.lat.hist, d)
 		w.keep(cfg, checker, id)
 		w.done++
 		if !now.After(end) {
@@ -171,7 +175,7 @@ func (w *worker) next(ctx context.Context, now *time.Time) (snowflake.ID, time.D
 }
 
 // runBurst asks for BurstSize IDs back to back.
-func (w *worker) runBurst(ctx context.Context, cfg Config, p *pacer, checker *measure.Checker) bool {
+func (w *worker) runBurst(ctx context.Context, cfg Config, checker *measure.Checker) bool {
 	b := w.burst
 	start := time.Now()
 	now := start
@@ -180,7 +184,7 @@ func (w *worker) runBurst(ctx context.Context, cfg Config, p *pacer, checker *me
 		if !ok {
 			return false
 		}
-		p.hist.Record(d)
+		w.lat.record(&w.lat.hist, d)
 		b.hist.Record(d)
 		w.keep(cfg, checker, id)
 		b.ids++
