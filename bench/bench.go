@@ -28,7 +28,10 @@ var ErrVerify = benchrun.ErrVerify
 
 // Config shapes a run. Zero fields take the defaults given.
 type Config struct {
-	// Regions (1..4) and Workers per region (1..256). Defaults 4 and 200.
+	// Regions (1..4) and Workers per region (1..50,000). Defaults 4 and
+	// 200. Up to a region's 256 codes each worker holds a code of its own;
+	// beyond them 255 workers per region do and the rest mint through the
+	// shared path (rangeclient Codes 0), sharing a few connections.
 	Regions, Workers int
 	// Rate is the target aggregate IDs/s. Default 2,000,000.
 	Rate float64

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strconv"
 	"time"
 
@@ -21,7 +22,10 @@ Runs the fleet load test in this process: --regions x --workers rangeclients
 (default 4 x 200), each over loopback gRPC to its region's in-process
 rangesvc (one embedded etcd shared by all regions unless --etcd-per-region),
 paced to --rate IDs/s in total for --duration, plus a burst of --burst IDs
-from one worker every --burst-every. --cpu-hog N keeps N cores busy in a
+from one worker every --burst-every. Many clients: beyond a region's 256
+codes (or with --auto-codes for all) workers use rangeclient Codes 0, the
+shared path the replicas serve from their Next minter, over --conns shared
+connections per region (e.g. --regions 1 --workers 10000). --cpu-hog N keeps N cores busy in a
 child process during the run, to reproduce an overloaded machine. Every ID is verified unique and in
 range at the end; exit 1 on any duplicate or out-of-range ID (and, with
 --fail-on-errors, on failed Next calls, which are otherwise reported).
@@ -37,7 +41,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := newReportFlags("bench", benchUsage, stderr)
 	var (
 		regions       = fs.Int("regions", benchrun.DefaultRegions, "regions (1..4)")
-		workers       = fs.Int("workers", benchrun.DefaultWorkers, "workers (rangeclients) per region (1..256)")
+		workers       = fs.Int("workers", benchrun.DefaultWorkers, fmt.Sprintf("workers (rangeclients) per region (1..%d); beyond 256, the workers past the 255th use the shared path (Codes 0)", benchrun.MaxWorkers))
+		autoCodes     = fs.Bool("auto-codes", false, "every worker uses rangeclient Codes 0 (the shared path; a code only when its rate needs one)")
+		conns         = fs.Int("conns", benchrun.DefaultConns, "gRPC connections per region shared by the Codes-0 workers")
+		sharedRate    = fs.Float64("shared-rate", 0, "the replicas' shared-path bound per identity, IDs/s (rangesvc serve --shared-rate; 0: its default)")
 		rate          = fs.Float64("rate", benchrun.DefaultRate, "target aggregate IDs/s")
 		duration      = fs.Duration("duration", benchrun.DefaultDuration, "paced run time (per point with --sweep)")
 		tick          = fs.Duration("tick", benchrun.DefaultTick, "pacing interval of each worker")
@@ -47,6 +54,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fixedBlock    = fs.Int("block", 0, "rangeclient block size in linear units (0: adaptive)")
 		prefetch      = fs.Float64("prefetch", clienttune.DefaultPrefetchThreshold, "rangeclient prefetch threshold (0, 1]")
 		rpcTimeout    = fs.Duration("rpc-timeout", clienttune.DefaultRPCTimeout, "rangeclient RPC timeout (each lease/refill call)")
+		idleTimeout   = fs.Duration("idle-timeout", clienttune.DefaultIdleTimeout, "rangeclient idleness: stop refilling after this long without a minted ID")
 		failOnErrors  = fs.Bool("fail-on-errors", false, "exit 1 also when Next calls failed (default: only on a verification failure)")
 		etcdPerRegion = fs.Bool("etcd-per-region", false, "one embedded etcd per region instead of one shared")
 		cpuHog        = fs.Int("cpu-hog", 0, fmt.Sprintf("cores a child process keeps busy during the run, to reproduce overload (0..%d; 0: off)", benchrun.MaxCPUHog()))
@@ -54,6 +62,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		sweepBlocks   = fs.String("sweep-blocks", joinInts(benchrun.DefaultSweepBlocks), "comma-separated block sizes (linear units) for --sweep")
 		out           = fs.String("out", "", "with --sweep: directory for sweep.svg, sweep.md, sweep.json")
 		setupTimeout  = fs.Duration("setup-timeout", 2*time.Minute, "bound on starting all clients (per point with --sweep)")
+		cpuProfile    = fs.String("cpuprofile", "", "write a CPU profile of the paced run to this file (samples labelled by role: go tool pprof -tags)")
 		logLevel      = fs.String("log", "", "log clients and services to stderr at this level (debug, info, warn, error); default off")
 	)
 	if err := fs.parse(args); err != nil {
@@ -80,6 +89,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return cli.Usagef("--block %d is negative", *fixedBlock)
 	case !(*prefetch > 0 && *prefetch <= 1):
 		return cli.Usagef("--prefetch %v not in (0, 1]", *prefetch)
+	case *idleTimeout <= 0:
+		return cli.Usagef("--idle-timeout %v must be positive", *idleTimeout)
+	case *conns < 1:
+		return cli.Usagef("--conns %d must be at least 1", *conns)
+	case *sharedRate < 0:
+		return cli.Usagef("--shared-rate %v is negative (0: the service's default)", *sharedRate)
 	case *setupTimeout <= 0:
 		return cli.Usagef("--setup-timeout %v must be positive", *setupTimeout)
 	case *rpcTimeout <= 0:
@@ -102,6 +117,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		Logger:            logger,
 		Regions:           *regions,
 		Workers:           *workers,
+		AutoCodes:         *autoCodes,
+		Conns:             *conns,
+		SharedRate:        *sharedRate,
 		Rate:              *rate,
 		Duration:          *duration,
 		Tick:              *tick,
@@ -115,6 +133,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		FixedBlock:        *fixedBlock,
 		PrefetchThreshold: *prefetch,
 		RPCTimeout:        *rpcTimeout,
+		IdleTimeout:       *idleTimeout,
 	}
 	if err := cfg.Validate(); err != nil {
 		return cli.UsageError{Err: err}
@@ -146,6 +165,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		fmt.Fprintf(stderr, "bench: sweep finished in %v\n", time.Since(start).Round(time.Second))
 		return sr.Err() // verification failures only: tiny blocks are expected to fail calls
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return errors.Wrap(err, "--cpuprofile")
+		}
+		defer f.Close()
+		cfg.CPUProfile = f
 	}
 	rep, err := benchrun.Run(ctx, cfg)
 	if err != nil {

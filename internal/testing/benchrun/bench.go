@@ -9,8 +9,21 @@
 // etcd (Config.EtcdPerRegion gives each its own). Each worker has its own
 // client and its own gRPC connection, as separate processes would.
 //
-// Pacing: each worker runs a ticker (Config.Tick, default 10 ms, phases
-// staggered) and on every tick mints what a token bucket at rate/(R×W) IDs/s
+// Many clients: beyond a region's 256 codes (or with Config.AutoCodes) the
+// replicas serve the shared path (each one's Next minter holds a code and
+// carves runs for clients without one), 255 workers per region keep a code
+// each (none with AutoCodes) and the rest use rangeclient Codes 0, sharing
+// Config.Conns gRPC connections per region through a wire allocator
+// (Config.Allocator), since 10,000 connections would exhaust the process's
+// file descriptors. The report counts the shared grants and their
+// server-side latency (AllocateShared) next to the codes' (AllocateBlock).
+//
+// Pacing: each worker runs its own goroutine and ticker (Config.Tick,
+// default 50 ms, phases staggered), so a worker that waits for a grant
+// delays no other, as with separate processes (pacing several workers
+// from one goroutine let one stall leave its neighbours' shared runs to
+// expire unused, and cost 10,000 workers about half their rate). On
+// every tick each worker mints what a token bucket at rate/(R×W) IDs/s
 // says it owes since the start, so a worker that fell behind catches up and
 // the achieved rate is the honest total of IDs over elapsed time. Nothing
 // busy-loops. Per-ID latency is the time of each Next call (one clock
@@ -35,8 +48,10 @@
 // uniqueness one.
 //
 // Files by concern: config.go (Config, defaults, validation), env.go (the
-// regions and their etcds), clients.go (starting and closing the fleet's
-// clients), worker.go (one worker's paced loop and bursts), bench.go (a
+// regions and their etcds, the shared path's minters), clients.go
+// (starting and closing the fleet's clients and shared connections),
+// timed.go (the Codes-0 workers' grants timed as they see them),
+// worker.go (a worker's paced loop, latencies and bursts), bench.go (a
 // run from start to report), verify.go (the check of every ID), report.go
 // and markdown.go (the report), sweep.go (one run per block size, charted),
 // hog.go (the CPU hog child process).
@@ -47,6 +62,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"runtime/pprof"
 	"sync"
 	"time"
 
@@ -68,6 +84,21 @@ const (
 	DefaultTick       = 50 * time.Millisecond
 	DefaultBurstSize  = 3000
 	DefaultBurstEvery = time.Second
+	// MaxWorkers bounds Config.Workers per region: 10,000 is the issue's
+	// many-clients fleet; every worker costs a rangeclient's goroutines
+	// and buffers in this one process.
+	MaxWorkers = 50_000
+	// DefaultConns is the gRPC connections per region the Codes-0 workers
+	// share: a few, so each carries many clients' grants (as one host's
+	// processes share a proxy or a node-local connection).
+	DefaultConns = 8
+	// maxConns bounds Config.Conns (file descriptors: two per loopback
+	// connection in this process).
+	maxConns = 1024
+	// maxShards bounds the workers' latency histograms (30 KiB each, two
+	// per shard): a fleet larger than the default 800 workers shares
+	// them, a few workers to a shard, under a lock.
+	maxShards = DefaultRegions * DefaultWorkers
 	// DefaultSetupConcurrency bounds how many clients start at once: more
 	// only queues on etcd's fsync and starves lease renewals on 2 cores.
 	DefaultSetupConcurrency = 8
@@ -79,7 +110,9 @@ const (
 	// BurstBudget is the time docs/design.md gives one worker for 3,000 IDs.
 	BurstBudget = time.Millisecond
 	// flushEvery is how many IDs a worker buffers before handing them to
-	// the checker (one lock per flush, not per ID).
+	// the checker (one lock per flush, not per ID); a fleet of more than
+	// maxShards workers buffers proportionally fewer each (at least 256),
+	// so the buffers together stay within flushEvery × maxShards IDs.
 	flushEvery = 8192
 )
 
@@ -114,11 +147,17 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 		return nil, errors.Newf("bench: environment has %d regions, config %d", len(env.regions), cfg.Regions)
 	}
 	rep := newReport(cfg)
-	workers, err := rep.startFleet(ctx, env, cfg)
-	defer closeClients(workers, cfg.SetupConcurrency)
+	stopShared, err := env.enableShared(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
+	defer stopShared()
+	f, err := rep.startFleet(ctx, env, cfg)
+	defer f.close(cfg.SetupConcurrency)
+	if err != nil {
+		return nil, err
+	}
+	workers := f.workers
 
 	var h *hog
 	if cfg.CPUHog > 0 {
@@ -134,23 +173,41 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	workers[0].burst = cfg.BurstSize > 0
+	if cfg.BurstSize > 0 {
+		workers[0].burst = &burstStats{}
+	}
 	base := takeBaseline(env, workers)
-	rep.runPaced(ctx, cfg, env, workers, checker, begin, cpu0, base)
+	for _, a := range f.allocs {
+		a.reset()
+	}
+	if cfg.CPUProfile != nil {
+		if err := pprof.StartCPUProfile(cfg.CPUProfile); err != nil {
+			return nil, errors.Wrap(err, "bench: CPU profile")
+		}
+	}
+	ls := rep.runPaced(ctx, cfg, env, workers, checker, begin, cpu0, base)
+	if cfg.CPUProfile != nil {
+		pprof.StopCPUProfile()
+	}
 	if h != nil {
 		res := h.stop()
 		rep.HogCPUCores, rep.HogProblem = res.CPUCores, res.Problem
 		fmt.Fprintf(cfg.Progress, "bench: cpu hog stopped: it burnt %.2f cores\n", res.CPUCores)
 	}
-	rep.sumWorkers(cfg, workers)
+	rep.sumWorkers(cfg, workers, ls)
 	rep.sumFleet(cfg, env, workers, base)
+	rep.GrantLatency = grantLatency(f.allocs)
 
 	// Close the clients (frees the CPU, gives the leases back), then check.
-	closeClients(workers, cfg.SetupConcurrency)
+	f.close(cfg.SetupConcurrency)
 	rep.verify(cfg, checker, workers)
 	runtime.GC()
 	return rep, nil
 }
+
+// roleLabel labels the goroutines a part of the bench starts (they pass it
+// on to every goroutine they start), for Config.CPUProfile.
+func roleLabel(role string) pprof.LabelSet { return pprof.Labels("role", role) }
 
 // baseline is what the counters read before the paced run; the report
 // counts the difference.
@@ -168,20 +225,21 @@ func takeBaseline(env *Env, workers []*worker) baseline {
 // the end of the window plus the grace for late Next calls, and records
 // the elapsed time and CPU use.
 func (rep *Report) runPaced(ctx context.Context, cfg Config, env *Env, workers []*worker, checker *measure.Checker,
-	begin time.Time, cpu0 time.Duration, base baseline) {
+	begin time.Time, cpu0 time.Duration, base baseline) []*latencies {
 	end := begin.Add(cfg.Duration)
 	runCtx, cancel := context.WithDeadline(ctx, end.Add(endGrace))
 	defer cancel()
 	perWorker := cfg.Rate / float64(len(workers))
 	var wg sync.WaitGroup
 	jitter := rand.New(rand.NewPCG(uint64(begin.UnixNano()), 7))
+	ls := shardLatencies(workers)
 	for _, w := range workers {
 		offset := time.Duration(jitter.Int64N(int64(cfg.Tick)))
 		wg.Add(1)
-		go func() {
+		go pprof.Do(runCtx, roleLabel("pacer"), func(runCtx context.Context) {
 			defer wg.Done()
 			w.run(runCtx, cfg, begin, end, offset, perWorker, checker)
-		}()
+		})
 	}
 	progressDone := make(chan struct{})
 	go func() {
@@ -193,6 +251,7 @@ func (rep *Report) runPaced(ctx context.Context, cfg Config, env *Env, workers [
 	rep.CPUCores = float64(measure.CPUTime()-cpu0) / float64(rep.Elapsed)
 	cancel()
 	<-progressDone
+	return ls
 }
 
 // progress prints a line every ProgressEvery until ctx ends.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cockroachdb/errors"
 
+	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
 	"github.com/idrange/idrange/internal/testing/measure"
 	"github.com/idrange/idrange/segment"
@@ -262,7 +263,9 @@ func TestSweepWritesChart(t *testing.T) {
 func TestConfigValidation(t *testing.T) {
 	for name, cfg := range map[string]Config{
 		"regions":  {Regions: 5},
-		"workers":  {Workers: 300},
+		"workers":  {Workers: MaxWorkers + 1},
+		"conns":    {Conns: -1},
+		"shared":   {SharedRate: -1},
 		"rate":     {Rate: -1},
 		"duration": {Duration: time.Millisecond},
 		"tick":     {Tick: time.Microsecond},
@@ -282,6 +285,96 @@ func TestConfigValidation(t *testing.T) {
 	}
 	if err := (Config{CPUHog: -1}).Validate(); err == nil || !strings.Contains(err.Error(), "CPUHog -1") || strings.Contains(err.Error(), "\n") {
 		t.Errorf("CPUHog -1: error %v, want one line naming CPUHog", err)
+	}
+}
+
+// The fleet's shape: up to a region's 256 codes every worker holds one
+// (Codes 1, its own connection); beyond them, or with AutoCodes, the
+// workers past the codes the Next minter leaves use Codes 0 over the pool.
+func TestFleetShape(t *testing.T) {
+	for _, c := range []struct {
+		cfg       Config
+		shared    bool
+		dedicated int
+	}{
+		{Config{}, false, DefaultWorkers},
+		{Config{Workers: 256}, false, 256},
+		{Config{Workers: 257}, true, 255},
+		{Config{Workers: 10_000}, true, 255},
+		{Config{Workers: 10, AutoCodes: true}, true, 0},
+	} {
+		if got, d := c.cfg.SharedPath(), c.cfg.DedicatedWorkers(); got != c.shared || d != c.dedicated {
+			t.Errorf("Workers %d AutoCodes %v: shared path %v, %d dedicated; want %v, %d",
+				c.cfg.Workers, c.cfg.AutoCodes, got, d, c.shared, c.dedicated)
+		}
+	}
+	cfg := Config{Workers: 300}.withDefaults()
+	var pool segment.Allocator = wire.NewAllocator(nil)
+	if cc := cfg.clientConfig("127.0.0.1:1", pool, 0, 254); cc.Codes != 1 || len(cc.Targets) != 1 || cc.Allocator != nil {
+		t.Errorf("worker 254: Codes %d, Targets %v, Allocator %v; want a code and its own connection", cc.Codes, cc.Targets, cc.Allocator)
+	}
+	if cc := cfg.clientConfig("127.0.0.1:1", pool, 0, 255); cc.Codes != 0 || len(cc.Targets) != 0 || cc.Allocator != pool {
+		t.Errorf("worker 255: Codes %d, Targets %v, Allocator %v; want Codes 0 over the pool", cc.Codes, cc.Targets, cc.Allocator)
+	}
+}
+
+// A many-clients fleet: one region, 300 workers (more than its 256 codes),
+// 255 with a code each and 45 on the shared path over 2 shared
+// connections. Every worker mints, every ID is unique and checked, no Next
+// fails, and the shared workers got their IDs from shared runs.
+func TestManyClientsFleet(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var progress bytes.Buffer
+	cfg := Config{
+		Regions:       1,
+		Workers:       300,
+		Conns:         2,
+		Rate:          30_000,
+		Duration:      1500 * time.Millisecond,
+		Progress:      &syncWriter{w: &progress},
+		ProgressEvery: 300 * time.Millisecond,
+	}
+	rep, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.Err(); err != nil {
+		t.Fatalf("report error: %v", err)
+	}
+	back := measure.RoundTrip[Report](t, rep.WriteJSON)
+	const shared = 300 - 255
+	switch {
+	case back.Fleet.Dedicated != 255 || back.Fleet.SharedConns != 2:
+		t.Errorf("fleet %+v: want 255 dedicated workers, 2 shared connections", back.Fleet)
+	case back.IDs == 0 || back.IDs != back.Verify.Checked || back.Verify.Unique != back.IDs || back.Errors != 0:
+		t.Errorf("minted %d, checked %d, unique %d, failed Next %d", back.IDs, back.Verify.Checked, back.Verify.Unique, back.Errors)
+	case back.SharedGrants == 0 || back.ServerLatency[sharedMethod].Count != back.SharedGrants:
+		t.Errorf("shared grants %d (AllocateShared served %d): the shared workers never used the shared path",
+			back.SharedGrants, back.ServerLatency[sharedMethod].Count)
+	case back.SharedClients+back.SharedTookCode != shared:
+		t.Errorf("%d workers on the shared path and %d that took a code, want %d in all", back.SharedClients, back.SharedTookCode, shared)
+	case back.Verify.IdleSharedWorkers != 0 || len(back.Verify.MissingCodes) != 0:
+		t.Errorf("%d shared workers and %d dedicated ones minted nothing", back.Verify.IdleSharedWorkers, len(back.Verify.MissingCodes))
+	case back.GrantLatency[sharedMethod].Count == 0 || back.GrantLatency[sharedMethod].Count > back.SharedGrants:
+		t.Errorf("%d shared grants timed by the workers, %d served", back.GrantLatency[sharedMethod].Count, back.SharedGrants)
+	case back.EtcdTxnsPerSec <= 0:
+		t.Errorf("etcd Txns/s %v: the dedicated workers' grants were not counted", back.EtcdTxnsPerSec)
+	}
+	// Every worker's region, including the shared ones': the shared runs
+	// come from the region's own minter, one code more than the workers'.
+	if back.Verify.Codes < 2 {
+		t.Errorf("IDs of %d codes, want the dedicated workers' and the minter's", back.Verify.Codes)
+	}
+	if !strings.Contains(progress.String(), "with Codes 0 over 2 shared connections") {
+		t.Errorf("progress does not describe the fleet:\n%s", progress.String())
+	}
+	var md bytes.Buffer
+	if err := rep.WriteMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(md.String(), "shared path (AllocateShared calls served)") {
+		t.Errorf("markdown lacks the shared path row:\n%s", md.String())
 	}
 }
 

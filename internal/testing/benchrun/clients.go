@@ -3,40 +3,99 @@ package benchrun
 import (
 	"context"
 	"fmt"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/internal/testing/measure"
 	"github.com/idrange/idrange/rangeclient"
+	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
 
-// startFleet starts every client (lease + first block) before the clock
-// starts, recording the setup time and retries. The workers it returns
-// (some nil on error) must be closed by the caller.
-func (rep *Report) startFleet(ctx context.Context, env *Env, cfg Config) ([]*worker, error) {
+// fleet is the running clients and the connections the Codes-0 ones share.
+type fleet struct {
+	workers []*worker // some nil after a failed start
+	conns   []*grpc.ClientConn
+	allocs  []*timedAllocator // one per connection
+}
+
+// close closes every client, then the shared connections (idempotent).
+func (f *fleet) close(concurrency int) {
+	closeClients(f.workers, concurrency)
+	for _, cc := range f.conns {
+		cc.Close()
+	}
+	f.conns = nil
+}
+
+// startFleet starts every client (lease or first shared run, and first
+// block) before the clock starts, recording the setup time and retries.
+// The fleet it returns must be closed by the caller, also on error.
+func (rep *Report) startFleet(ctx context.Context, env *Env, cfg Config) (*fleet, error) {
 	n := cfg.Regions * cfg.Workers
 	setupStart := time.Now()
-	fmt.Fprintf(cfg.Progress, "bench: starting %d clients (%d regions x %d workers)\n", n, cfg.Regions, cfg.Workers)
-	workers, retries, err := startClients(ctx, env, cfg)
+	if cfg.SharedPath() {
+		fmt.Fprintf(cfg.Progress, "bench: starting %d clients (%d regions x %d workers: %d with a code each, %d with Codes 0 over %d shared connections per region)\n",
+			n, cfg.Regions, cfg.Workers, cfg.DedicatedWorkers(), cfg.Workers-cfg.DedicatedWorkers(), cfg.Conns)
+	} else {
+		fmt.Fprintf(cfg.Progress, "bench: starting %d clients (%d regions x %d workers)\n", n, cfg.Regions, cfg.Workers)
+	}
+	var (
+		f       *fleet
+		retries int64
+		err     error
+	)
+	pprof.Do(ctx, roleLabel("client"), func(ctx context.Context) { f, retries, err = startClients(ctx, env, cfg) })
 	rep.SetupRetries = retries
 	if err != nil {
-		return workers, err
+		return f, err
 	}
 	rep.SetupTime = Dur(time.Since(setupStart))
 	fmt.Fprintf(cfg.Progress, "bench: %d clients ready in %v\n", n, time.Duration(rep.SetupTime).Round(time.Millisecond))
-	return workers, nil
+	return f, nil
 }
 
-// startClients builds one rangeclient per worker, SetupConcurrency at a time.
-func startClients(ctx context.Context, env *Env, cfg Config) ([]*worker, int64, error) {
+// dialPools opens cfg.Conns connections to each region when some workers
+// use Codes 0, and returns one allocator per connection, per region.
+func dialPools(env *Env, cfg Config, f *fleet) ([][]segment.Allocator, error) {
+	if cfg.DedicatedWorkers() == cfg.Workers {
+		return nil, nil
+	}
+	pools := make([][]segment.Allocator, len(env.regions))
+	for r, reg := range env.regions {
+		for range cfg.Conns {
+			cc, err := grpc.NewClient(reg.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return nil, errors.Wrapf(err, "bench: dial region %d", reg.RegionID())
+			}
+			a := &timedAllocator{SharedAllocator: wire.NewAllocator(cc).(segment.SharedAllocator)}
+			f.conns = append(f.conns, cc)
+			f.allocs = append(f.allocs, a)
+			pools[r] = append(pools[r], a)
+		}
+	}
+	return pools, nil
+}
+
+// startClients builds one rangeclient per worker, SetupConcurrency at a
+// time, with a progress line every ProgressEvery.
+func startClients(ctx context.Context, env *Env, cfg Config) (*fleet, int64, error) {
 	n := cfg.Regions * cfg.Workers
-	workers := make([]*worker, n)
+	f := &fleet{workers: make([]*worker, n)}
+	pools, err := dialPools(env, cfg, f)
+	if err != nil {
+		return f, 0, err
+	}
+	bufCap := min(flushEvery, max(256, flushEvery*maxShards/n))
 	sem := make(chan struct{}, cfg.SetupConcurrency)
-	var setupRetries atomic.Int64
+	var setupRetries, started atomic.Int64
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
@@ -44,14 +103,27 @@ func startClients(ctx context.Context, env *Env, cfg Config) ([]*worker, int64, 
 	)
 	sctx, cancel := context.WithTimeout(ctx, cfg.SetupTimeout)
 	defer cancel()
+	stopProgress := setupProgress(cfg, n, &started)
+	defer stopProgress()
 	for i := range n {
 		reg := env.regions[i/cfg.Workers]
+		index := i % cfg.Workers
+		var alloc segment.Allocator
+		if pools != nil {
+			pool := pools[i/cfg.Workers]
+			alloc = pool[index%len(pool)]
+		}
 		wg.Add(1)
-		sem <- struct{}{}
+		select {
+		case sem <- struct{}{}:
+		case <-sctx.Done():
+			wg.Done()
+			continue
+		}
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			cc := cfg.clientConfig(reg.Addr(), reg.RegionID(), i%cfg.Workers)
+			cc := cfg.clientConfig(reg.Addr(), alloc, reg.RegionID(), index)
 			var (
 				c   *rangeclient.Client
 				err error
@@ -62,24 +134,57 @@ func startClients(ctx context.Context, env *Env, cfg Config) ([]*worker, int64, 
 				}
 				setupRetries.Add(1)
 				fmt.Fprintf(cfg.Progress, "bench: client %d of region %d failed to start (attempt %d of %d): %v\n",
-					i%cfg.Workers, reg.RegionID(), attempt+1, setupAttempts, err)
+					index, reg.RegionID(), attempt+1, setupAttempts, err)
 			}
 			if err != nil {
 				mu.Lock()
 				if firstErr == nil {
-					firstErr = errors.Wrapf(err, "bench: start client %d of region %d", i%cfg.Workers, reg.RegionID())
+					firstErr = errors.Wrapf(err, "bench: start client %d of region %d", index, reg.RegionID())
 					cancel()
 				}
 				mu.Unlock()
 				return
 			}
-			l := c.Lease().Lease
-			workers[i] = &worker{region: reg.RegionID(), index: i % cfg.Workers, c: c,
-				code: measure.Code{Region: l.Region, Worker: l.Worker}, buf: make([]snowflake.ID, 0, flushEvery)}
+			w := &worker{region: reg.RegionID(), index: index, c: c, shared: cc.Codes == 0,
+				buf: make([]snowflake.ID, 0, bufCap)}
+			if !w.shared {
+				l := c.Lease().Lease
+				w.code = measure.Code{Region: l.Region, Worker: l.Worker}
+			}
+			f.workers[i] = w
+			started.Add(1)
 		}()
 	}
 	wg.Wait()
-	return workers, setupRetries.Load(), firstErr
+	if firstErr == nil && sctx.Err() != nil {
+		firstErr = errors.Wrapf(sctx.Err(), "bench: %d of %d clients started", started.Load(), n)
+	}
+	return f, setupRetries.Load(), firstErr
+}
+
+// setupProgress prints how many of n clients have started every
+// ProgressEvery until stop is called.
+func setupProgress(cfg Config, n int, started *atomic.Int64) (stop func()) {
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(cfg.ProgressEvery)
+		defer t.Stop()
+		begin := time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-t.C:
+				fmt.Fprintf(cfg.Progress, "bench: setup %5.1fs: %d of %d clients started\n", now.Sub(begin).Seconds(), started.Load(), n)
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-exited
+	}
 }
 
 // closeClients closes every client (Close is idempotent), a few at a

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idrange/idrange/internal/server/clienttune"
 	"github.com/idrange/idrange/rangeclient"
+	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -17,8 +18,29 @@ import (
 // BurstSize and CPUHog, where 0 means none. Every field that rangesvc bench
 // sets is one of its flags.
 type Config struct {
-	// Regions (1..4) and Workers per region (1..256).
+	// Regions (1..4) and Workers per region (1..MaxWorkers). Each worker
+	// is one rangeclient. Up to a region's 256 codes every worker holds a
+	// code of its own (rangeclient Codes 1), as a fleet of separate
+	// processes would. Beyond them (or for all workers with AutoCodes)
+	// the many-clients mode starts: each region's replica serves the
+	// shared path (its Next minter holds one code), the first
+	// DedicatedWorkers() workers of a region keep a code each and the
+	// rest use Codes 0 (automatic: the shared path, a code of their own
+	// only when their rate needs one), over Conns gRPC connections per
+	// region instead of one each.
 	Regions, Workers int
+	// AutoCodes gives every worker rangeclient Codes 0 (the shared path
+	// unless its rate needs a code), however few workers there are.
+	AutoCodes bool
+	// Conns is the gRPC connections per region that the Codes-0 workers
+	// share (10,000 connections would exhaust file descriptors; a real
+	// host's clients would not each open one either). Default
+	// DefaultConns. Workers with a code of their own keep one each.
+	Conns int
+	// SharedRate is the replicas' bound of the shared path per identity,
+	// in IDs/s (rangesvc serve --shared-rate; every bench client is the
+	// identity ""): 0 is the service's default.
+	SharedRate float64
 	// Rate is the target aggregate IDs/s. Default 2,000,000.
 	Rate float64
 	// Duration of the paced run. Default 10 s.
@@ -39,6 +61,12 @@ type Config struct {
 	FixedBlock        int
 	PrefetchThreshold float64
 	RPCTimeout        time.Duration
+	// IdleTimeout is the workers' rangeclient idleness: after this long
+	// without a minted ID a client stops refilling (0: rangeclient's
+	// default, 30 s). A Codes-0 client counts as active from New on, so
+	// until then it keeps renewing its shared run although it mints
+	// nothing: shortening it shows what that costs a large fleet's setup.
+	IdleTimeout time.Duration
 	// EtcdPerRegion gives each region its own embedded etcd instead of one
 	// shared by all.
 	EtcdPerRegion bool
@@ -58,6 +86,12 @@ type Config struct {
 	// Progress, if set, receives a line every ProgressEvery (default 1 s).
 	Progress      io.Writer
 	ProgressEvery time.Duration
+	// CPUProfile, if set, receives a CPU profile of the paced run
+	// (runtime/pprof). Its samples carry a "role" label: "replica" (the
+	// services and their Next minters), "etcd", "client" (the
+	// rangeclients and their connections) and "pacer" (the load
+	// generator); `go tool pprof -tags` shows each one's share.
+	CPUProfile io.Writer
 	// Sink is a test hook: it sees each batch of a worker's IDs before they
 	// are verified and returns what is verified (a test plants a duplicate
 	// this way). nil passes IDs through.
@@ -86,6 +120,9 @@ func (c Config) withDefaults() Config {
 	if c.SetupTimeout == 0 {
 		c.SetupTimeout = 2 * time.Minute
 	}
+	if c.Conns == 0 {
+		c.Conns = DefaultConns
+	}
 	if c.SetupConcurrency == 0 {
 		c.SetupConcurrency = DefaultSetupConcurrency
 	}
@@ -104,8 +141,12 @@ func (c Config) Validate() error {
 	switch {
 	case c.Regions < 1 || c.Regions > snowflake.MaxRegion+1:
 		return errors.Newf("bench: Regions %d not in 1..%d", c.Regions, snowflake.MaxRegion+1)
-	case c.Workers < 1 || c.Workers > snowflake.MaxWorker+1:
-		return errors.Newf("bench: Workers %d not in 1..%d per region", c.Workers, snowflake.MaxWorker+1)
+	case c.Workers < 1 || c.Workers > MaxWorkers:
+		return errors.Newf("bench: Workers %d not in 1..%d per region", c.Workers, MaxWorkers)
+	case c.Conns < 1 || c.Conns > maxConns:
+		return errors.Newf("bench: Conns %d not in 1..%d per region", c.Conns, maxConns)
+	case c.SharedRate < 0:
+		return errors.Newf("bench: SharedRate %v is negative (0: the service's default)", c.SharedRate)
 	case !(c.Rate > 0) || c.Rate > 1e9:
 		return errors.Newf("bench: Rate %v not in (0, 1e9] IDs/s", c.Rate)
 	case c.Duration < 100*time.Millisecond || c.Duration > 24*time.Hour:
@@ -125,15 +166,56 @@ func (c Config) Validate() error {
 	}
 	// The workers' client settings (refill interval, tuning) are checked
 	// where rangeclient checks them, for a worker of region 0.
-	return c.clientConfig("127.0.0.1:1", 0, 0).Validate()
+	cc := c.baseClient()
+	cc.Targets = []string{"127.0.0.1:1"}
+	return cc.Validate()
+}
+
+// baseClient is the workers' rangeclient settings (tuning, logger), common
+// to every worker.
+func (c Config) baseClient() rangeclient.Config {
+	return clienttune.With(rangeclient.Config{RefillInterval: c.RefillInterval, Logger: c.Logger},
+		clienttune.Tuning{FixedBlock: c.FixedBlock, PrefetchThreshold: c.PrefetchThreshold, RPCTimeout: c.RPCTimeout,
+			IdleTimeout: c.IdleTimeout})
+}
+
+// codesPerRegion is how many worker codes a region has.
+const codesPerRegion = snowflake.MaxWorker + 1
+
+// SharedPath reports whether the run is in the many-clients mode: the
+// replicas serve the shared path and some workers use Codes 0.
+func (c Config) SharedPath() bool {
+	c = c.withDefaults()
+	return c.AutoCodes || c.Workers > codesPerRegion
+}
+
+// DedicatedWorkers is how many workers of each region hold a code of their
+// own (Codes 1): all of them up to the region's 256 codes; in the
+// many-clients mode the codes left by the replica's Next minter (255), or
+// none with AutoCodes.
+func (c Config) DedicatedWorkers() int {
+	c = c.withDefaults()
+	switch {
+	case c.AutoCodes:
+		return 0
+	case c.Workers > codesPerRegion:
+		return codesPerRegion - 1 // the replica's minter holds one
+	}
+	return c.Workers
 }
 
 // clientConfig is the rangeclient configuration of worker index of the
-// region with code region, served at addr.
-func (c Config) clientConfig(addr string, region, index int) rangeclient.Config {
-	cc := clienttune.With(rangeclient.Config{RefillInterval: c.RefillInterval, Logger: c.Logger},
-		clienttune.Tuning{FixedBlock: c.FixedBlock, PrefetchThreshold: c.PrefetchThreshold, RPCTimeout: c.RPCTimeout})
-	cc.Targets = []string{addr}
+// region with code region. A worker with a code of its own dials addr
+// itself (Codes 1); the others (Codes 0) use alloc, a connection of the
+// region's pool.
+func (c Config) clientConfig(addr string, alloc segment.Allocator, region, index int) rangeclient.Config {
+	cc := c.baseClient()
+	if index < c.DedicatedWorkers() {
+		cc.Targets = []string{addr}
+		cc.Codes = 1
+	} else {
+		cc.Allocator = alloc
+	}
 	cc.Region = region
 	cc.Owner = fmt.Sprintf("bench/r%d/%d", region, index)
 	return cc

@@ -28,6 +28,10 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	} else {
 		fmt.Fprintf(&b, ", adaptive blocks (refill interval %v)", time.Duration(f.RefillInterval))
 	}
+	if f.SharedConns > 0 {
+		fmt.Fprintf(&b, "; many-clients mode: per region %d workers with a code each and %d with Codes 0 (shared path) over %d shared connections",
+			f.Dedicated, f.Workers-f.Dedicated, f.SharedConns)
+	}
 	if f.CPUHog > 0 {
 		fmt.Fprintf(&b, "; CPU hog: %d busy core(s) in a child process during the run (it burnt %.2f cores)", f.CPUHog, r.HogCPUCores)
 	} else {
@@ -59,8 +63,12 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	row("Next calls slower than 1 ms", "%d of %d (%.4f%%)", r.SlowCalls, r.IDs, 100*float64(r.SlowCalls)/float64(max(r.IDs, 1)))
 	row("etcd writes", "%d (%.0f/s): %d grants, %d lease acquisitions, %d releases; %d HWM races retried",
 		r.EtcdWrites, r.EtcdWritesPerSec, r.Store.Grants, r.Store.Acquires, r.Store.Releases, r.Store.Conflicts)
-	row("etcd Txns (raft proposals; grants of several codes share one)", "%d (%.0f per 1M IDs)",
-		r.Store.Txns, float64(r.Store.Txns)*1e6/float64(max(r.IDs, 1)))
+	row("etcd Txns (raft proposals; grants of several codes share one)", "%d (%.0f/s; %.0f per 1M IDs)",
+		r.Store.Txns, r.EtcdTxnsPerSec, float64(r.Store.Txns)*1e6/float64(max(r.IDs, 1)))
+	if f.SharedConns > 0 {
+		row("shared path (AllocateShared calls served)", "%d (%.0f/s); %d clients on it at the end, %d took a code of their own",
+			r.SharedGrants, float64(r.SharedGrants)/el, r.SharedClients, r.SharedTookCode)
+	}
 	row("lease renewals (keep-alives, not writes)", "%d", r.Store.Renewals)
 	methods := make([]string, 0, len(r.ServerLatency))
 	for m := range r.ServerLatency {
@@ -70,6 +78,10 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	for _, m := range methods {
 		l := r.ServerLatency[m]
 		row("service time of "+m, "%d calls · p50 %s · p99 %s · p99.9 %s · max %s", l.Count, measure.Latency(l.P50), measure.Latency(l.P99), measure.Latency(l.P999), measure.Latency(l.Max))
+		if l, ok := r.GrantLatency[m]; ok {
+			row("round trip of "+m+" (Codes-0 workers, shared connections)", "%d calls · p50 %s · p99 %s · p99.9 %s · max %s",
+				l.Count, measure.Latency(l.P50), measure.Latency(l.P99), measure.Latency(l.P999), measure.Latency(l.Max))
+		}
 	}
 	row("failed Next calls", "%d%s", r.Errors, firstErr(r.FirstError))
 	row("leases replaced (lost, then re-acquired)", "%d", r.LeaseChanges)
@@ -78,6 +90,9 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	status := "PASS"
 	if v.Problem != "" {
 		status = "**FAIL**: " + v.Problem
+	}
+	if v.IdleSharedWorkers > 0 {
+		row("Codes-0 workers that minted nothing", "%d", v.IdleSharedWorkers)
 	}
 	if len(v.MissingCodes) > 0 {
 		row("workers whose first code minted nothing", "%d (starved before their first ID, or lost the lease first)", len(v.MissingCodes))

@@ -69,9 +69,24 @@ type Report struct {
 	Store            localregion.Counts `json:"store"`
 	EtcdWrites       uint64             `json:"etcd_writes"`
 	EtcdWritesPerSec float64            `json:"etcd_writes_per_sec"`
+	// EtcdTxnsPerSec is Store.Txns (raft proposals) over Elapsed.
+	EtcdTxnsPerSec float64 `json:"etcd_txns_per_sec"`
+	// SharedGrants is the AllocateShared calls the replicas served during
+	// the run (ServerLatency's count: runs granted and refused).
+	SharedGrants uint64 `json:"shared_grants"`
+	// SharedClients is the workers minting from the shared path at the end
+	// of the run; SharedTookCode the Codes-0 workers that took a code of
+	// their own (their rate needed one, docs/design.md).
+	SharedClients  int `json:"shared_clients"`
+	SharedTookCode int `json:"shared_took_code"`
 	// ServerLatency is the services' own time per RPC method during the
 	// run (all regions), store included: where a stall came from.
 	ServerLatency map[string]measure.Summary `json:"server_latency"`
+	// GrantLatency is the round trip of the Codes-0 workers' grants per RPC
+	// method as they saw it (queueing on the shared connections and
+	// scheduling included), during the run. Workers with a code of their
+	// own dial by themselves and are not timed here.
+	GrantLatency map[string]measure.Summary `json:"grant_latency,omitempty"`
 	// Errors are failed Next calls (not counting the end of the run).
 	Errors     int64  `json:"errors"`
 	FirstError string `json:"first_error,omitempty"`
@@ -95,6 +110,12 @@ type Fleet struct {
 	FixedBlock     int     `json:"fixed_block,omitempty"`
 	// CPUHog is the cores a child process kept busy during the run (0: none).
 	CPUHog int `json:"cpu_hog"`
+	// Dedicated is the workers per region with a code of their own
+	// (Codes 1); the other Workers - Dedicated use Codes 0 over
+	// SharedConns connections per region (Config.Conns, the many-clients
+	// mode; 0 otherwise).
+	Dedicated   int `json:"dedicated_workers_per_region"`
+	SharedConns int `json:"shared_conns_per_region,omitempty"`
 }
 
 // Burst summarises the burst profile.
@@ -116,7 +137,10 @@ type VerifySummary struct {
 	OutOfRangeExamples []measure.Bad       `json:"out_of_range_examples,omitempty"`
 	Codes              int                 `json:"codes"`
 	MissingCodes       []measure.Code      `json:"missing_codes,omitempty"`
-	Problem            string              `json:"problem,omitempty"`
+	// IdleSharedWorkers counts Codes-0 workers that minted nothing (they
+	// have no code of their own to list in MissingCodes).
+	IdleSharedWorkers int    `json:"idle_shared_workers,omitempty"`
+	Problem           string `json:"problem,omitempty"`
 }
 
 // Dur is a time.Duration that marshals as text ("1.5s"); see measure.Dur.
@@ -152,8 +176,11 @@ func newReport(cfg Config) *Report {
 			Regions: cfg.Regions, Workers: cfg.Workers, TargetRate: cfg.Rate,
 			PerWorkerRate: cfg.Rate / float64(n), Duration: Dur(cfg.Duration), Tick: Dur(cfg.Tick),
 			Etcd: etcdLayout(cfg), RefillInterval: Dur(cfg.RefillInterval), FixedBlock: cfg.FixedBlock,
-			CPUHog: cfg.CPUHog,
+			CPUHog: cfg.CPUHog, Dedicated: cfg.DedicatedWorkers(),
 		},
+	}
+	if cfg.SharedPath() {
+		rep.Fleet.SharedConns = cfg.Conns
 	}
 	if rep.Fleet.RefillInterval == 0 {
 		rep.Fleet.RefillInterval = Dur(rangeclient.DefaultRefillInterval)
@@ -163,25 +190,30 @@ func newReport(cfg Config) *Report {
 
 // sumWorkers adds up what the workers measured: IDs, latency, errors,
 // bursts and the rates.
-func (rep *Report) sumWorkers(cfg Config, workers []*worker) {
+func (rep *Report) sumWorkers(cfg Config, workers []*worker, ls []*latencies) {
 	var lat, late, bh, bd measure.Histogram
+	for _, l := range ls {
+		lat.Merge(&l.hist)
+		late.Merge(&l.late)
+	}
 	var inWindow int64
 	for _, w := range workers {
 		rep.IDs += w.minted.Load()
 		inWindow += w.window
-		lat.Merge(&w.hist)
-		late.Merge(&w.late)
 		rep.SlowCalls += w.slow
 		rep.Errors += w.errs
 		if w.err != nil && rep.FirstError == "" {
 			rep.FirstError = fmt.Sprintf("r%d/w%d: %v", w.code.Region, w.code.Worker, w.err)
+			if w.shared {
+				rep.FirstError = fmt.Sprintf("r%d/client %d (Codes 0): %v", w.region, w.index, w.err)
+			}
 		}
-		if w.burst {
-			bh.Merge(&w.burstHist)
-			bd.Merge(&w.burstDur)
-			rep.Burst.Count += w.bursts
-			rep.BurstIDs += w.burstIDs
-			rep.Burst.WithinBudget += w.burstsInBg
+		if b := w.burst; b != nil {
+			bh.Merge(&b.hist)
+			bd.Merge(&b.dur)
+			rep.Burst.Count += b.count
+			rep.BurstIDs += b.ids
+			rep.Burst.WithinBudget += b.inBudget
 		}
 	}
 	rep.Latency, rep.TickLateness = lat.Summary(), late.Summary()
@@ -204,4 +236,14 @@ func (rep *Report) sumFleet(cfg Config, env *Env, workers []*worker, base baseli
 	rep.Store = env.counts().Sub(base.counts)
 	rep.EtcdWrites = rep.Store.Writes()
 	rep.EtcdWritesPerSec = float64(rep.EtcdWrites) / time.Duration(rep.Elapsed).Seconds()
+	rep.EtcdTxnsPerSec = float64(rep.Store.Txns) / time.Duration(rep.Elapsed).Seconds()
+	rep.SharedGrants = rep.ServerLatency[sharedMethod].Count
+	for _, w := range workers {
+		if w.c.Stats().Shared {
+			rep.SharedClients++
+		}
+	}
 }
+
+// sharedMethod is the RPC of the shared path, as ServerLatency names it.
+const sharedMethod = "AllocateShared"

@@ -37,27 +37,35 @@ func (rep *Report) verify(cfg Config, checker *measure.Checker, workers []*worke
 	vstart := time.Now()
 	res := checker.Check()
 	rep.VerifyTime = Dur(time.Since(vstart))
-	// MissingCodes are the workers' first codes that minted nothing, not
+	// MissingCodes are the dedicated workers' first codes that minted nothing, not
 	// the checker's (every code of the fleet's regions is allowed, few are used).
 	rep.Verify = VerifySummary{
 		Checked: res.Checked, Unique: res.Unique, Duplicates: res.Duplicates, DuplicateExamples: res.DuplicateExamples,
 		OutOfRange: res.OutOfRange, OutOfRangeExamples: res.OutOfRangeExamples, Codes: len(res.Codes),
 	}
-	var codesHeld uint64
 	for _, w := range workers {
 		rep.Verify.OutOfRange += w.foreign
 		if room := measure.DefaultMaxExamples - len(rep.Verify.OutOfRangeExamples); room > 0 {
 			rep.Verify.OutOfRangeExamples = append(rep.Verify.OutOfRangeExamples, w.foreignEx[:min(room, len(w.foreignEx))]...)
 		}
-		codesHeld += w.c.Stats().Acquisitions
+		// A worker's first lease is not a change: a dedicated worker's
+		// came with New, a Codes-0 worker's is its move off the shared path.
+		if acq := w.c.Stats().Acquisitions; acq > 0 {
+			rep.LeaseChanges += acq - 1
+			if w.shared {
+				rep.SharedTookCode++
+			}
+		}
 	}
-	rep.LeaseChanges = codesHeld - uint64(len(workers))
 	seen := map[int]bool{}
 	for _, cc := range res.Codes {
 		seen[cc.Region<<snowflake.WorkerBits|cc.Worker] = true
 	}
 	for _, w := range workers {
-		if !seen[w.code.Region<<snowflake.WorkerBits|w.code.Worker] {
+		switch {
+		case w.shared && w.n == 0:
+			rep.Verify.IdleSharedWorkers++
+		case !w.shared && !seen[w.code.Region<<snowflake.WorkerBits|w.code.Worker]:
 			rep.Verify.MissingCodes = append(rep.Verify.MissingCodes, w.code)
 		}
 	}

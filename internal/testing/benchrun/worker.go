@@ -3,6 +3,7 @@ package benchrun
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -11,34 +12,72 @@ import (
 	"github.com/idrange/idrange/snowflake"
 )
 
-// worker is one client and what its goroutine measured.
+// worker is one client and what was measured of it. Its goroutine owns
+// every field but minted.
 type worker struct {
 	region, index int
-	code          measure.Code
+	code          measure.Code // the first code held; zero for a Codes-0 worker
+	shared        bool         // started with Codes 0 (on the shared path)
 	c             *rangeclient.Client
+	lat           *latencies // shared with the workers of its shard
 
-	n      int64 // IDs kept (owned by the worker's goroutine)
+	n      int64 // IDs kept
+	done   int64 // paced IDs minted
 	window int64 // paced IDs returned by the end of the window
 	// foreign counts IDs whose region field is not the worker's region.
 	foreign   int64
 	foreignEx []measure.Bad
 	minted    atomic.Int64 // n as of the last tick, read by the progress line
-	hist      measure.Histogram
-	late      measure.Histogram
 	slow      uint64
 	errs      int64
 	err       error
 	buf       []snowflake.ID
 
-	burst      bool
-	burstHist  measure.Histogram
-	burstDur   measure.Histogram
-	bursts     int
-	burstsInBg int
-	burstIDs   int64
+	burst *burstStats // the burst profile, for the one worker that runs it
 }
 
-// run is one worker's paced loop.
+// burstStats is what the burst profile measured.
+type burstStats struct {
+	next     time.Time
+	hist     measure.Histogram
+	dur      measure.Histogram
+	count    int
+	inBudget int
+	ids      int64
+}
+
+// latencies are the per-ID latency and tick lateness of a shard of
+// workers. A fleet of up to maxShards workers gives each worker its own
+// (no lock is ever contended); a larger one shares maxShards of them, so
+// their memory (30 KiB a histogram) stays that of the default fleet.
+type latencies struct {
+	mu   sync.Mutex
+	hist measure.Histogram // per ID (each Next call)
+	late measure.Histogram // tick lateness
+}
+
+func (l *latencies) record(h *measure.Histogram, d time.Duration) {
+	l.mu.Lock()
+	h.Record(d)
+	l.mu.Unlock()
+}
+
+// shardLatencies gives every worker its shard of latencies (consecutive
+// workers share one) and returns the shards.
+func shardLatencies(workers []*worker) []*latencies {
+	size := (len(workers) + maxShards - 1) / maxShards
+	ls := make([]*latencies, 0, (len(workers)+size-1)/size)
+	for i, w := range workers {
+		if i%size == 0 {
+			ls = append(ls, &latencies{})
+		}
+		w.lat = ls[len(ls)-1]
+	}
+	return ls
+}
+
+// run is one worker's paced loop: on each tick it mints what a token
+// bucket at rate IDs/s says it owes since begin.
 func (w *worker) run(ctx context.Context, cfg Config, begin, end time.Time, offset time.Duration, rate float64, checker *measure.Checker) {
 	defer func() {
 		w.flush(cfg, checker)
@@ -47,10 +86,11 @@ func (w *worker) run(ctx context.Context, cfg Config, begin, end time.Time, offs
 	if !sleepUntil(ctx, begin.Add(offset)) {
 		return
 	}
+	if w.burst != nil {
+		w.burst.next = begin.Add(offset + cfg.BurstEvery/2)
+	}
 	t := time.NewTicker(cfg.Tick)
 	defer t.Stop()
-	var done int64
-	nextBurst := begin.Add(offset + cfg.BurstEvery/2)
 	for {
 		var tick time.Time
 		select {
@@ -59,41 +99,48 @@ func (w *worker) run(ctx context.Context, cfg Config, begin, end time.Time, offs
 		case tick = <-t.C:
 		}
 		now := time.Now()
-		w.late.Record(now.Sub(tick))
+		w.lat.record(&w.lat.late, now.Sub(tick))
 		last := !now.Before(end)
-		if last {
-			// The final tick settles what is owed up to the end exactly,
-			// so a worker that kept up mints rate × Duration.
-			now = end
-		}
-		if w.burst && !last && !now.Before(nextBurst) {
-			if !w.runBurst(ctx, cfg, checker) {
-				return
-			}
-			nextBurst = nextBurst.Add(cfg.BurstEvery)
-			now = time.Now()
-		}
-		owed := int64(rate*now.Sub(begin).Seconds()) - done
-		if last {
-			now = time.Now()
-		}
-		for range owed {
-			id, d, ok := w.next(ctx, &now)
-			if !ok {
-				return
-			}
-			w.hist.Record(d)
-			w.keep(cfg, checker, id)
-			done++
-			if !now.After(end) {
-				w.window++
-			}
-		}
-		w.minted.Store(w.n)
-		if last {
+		if !w.step(ctx, cfg, begin, end, last, rate, checker) || last {
 			return
 		}
 	}
+}
+
+// step is one tick of the worker: its burst when due, then the paced IDs
+// it owes. On the last tick (last) it settles what is owed up to end
+// exactly, so a worker that kept up mints rate × Duration. It returns
+// false when the run is over.
+func (w *worker) step(ctx context.Context, cfg Config, begin, end time.Time, last bool, rate float64, checker *measure.Checker) bool {
+	now := time.Now()
+	if last {
+		now = end
+	}
+	if w.burst != nil && !last && !now.Before(w.burst.next) {
+		if !w.runBurst(ctx, cfg, checker) {
+			return false
+		}
+		w.burst.next = w.burst.next.Add(cfg.BurstEvery)
+		now = time.Now()
+	}
+	owed := int64(rate*now.Sub(begin).Seconds()) - w.done
+	if last {
+		now = time.Now()
+	}
+	defer func() { w.minted.Store(w.n) }()
+	for range owed {
+		id, d, ok := w.next(ctx, &now)
+		if !ok {
+			return false
+		}
+		w.lat.record(&w.lat.hist, d)
+		w.keep(cfg, checker, id)
+		w.done++
+		if !now.After(end) {
+			w.window++
+		}
+	}
+	return true
 }
 
 // next mints one ID and times it; now is advanced to the reading after the
@@ -129,6 +176,7 @@ func (w *worker) next(ctx context.Context, now *time.Time) (snowflake.ID, time.D
 
 // runBurst asks for BurstSize IDs back to back.
 func (w *worker) runBurst(ctx context.Context, cfg Config, checker *measure.Checker) bool {
+	b := w.burst
 	start := time.Now()
 	now := start
 	for range cfg.BurstSize {
@@ -136,16 +184,16 @@ func (w *worker) runBurst(ctx context.Context, cfg Config, checker *measure.Chec
 		if !ok {
 			return false
 		}
-		w.hist.Record(d)
-		w.burstHist.Record(d)
+		w.lat.record(&w.lat.hist, d)
+		b.hist.Record(d)
 		w.keep(cfg, checker, id)
-		w.burstIDs++
+		b.ids++
 	}
 	d := now.Sub(start)
-	w.burstDur.Record(d)
-	w.bursts++
+	b.dur.Record(d)
+	b.count++
 	if d <= BurstBudget {
-		w.burstsInBg++
+		b.inBudget++
 	}
 	return true
 }

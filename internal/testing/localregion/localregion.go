@@ -168,11 +168,17 @@ func (c Counts) Sub(o Counts) Counts {
 type counter struct {
 	store.NopObserver
 	grants, units, grantErrs, conflicts, acquires, releases, renewals, renewErrs atomic.Uint64
+
+	latMu    sync.Mutex
+	grantLat measure.Histogram // the store's time per grant, etcd included
 }
 
-func (c *counter) Granted(_, _ int, size int64, _ time.Duration) {
+func (c *counter) Granted(_, _ int, size int64, d time.Duration) {
 	c.grants.Add(1)
 	c.units.Add(uint64(size))
+	c.latMu.Lock()
+	c.grantLat.Record(d)
+	c.latMu.Unlock()
 }
 func (c *counter) GrantFailed(int, int, error, time.Duration) { c.grantErrs.Add(1) }
 func (c *counter) Conflict(int, int)                          { c.conflicts.Add(1) }
@@ -392,6 +398,19 @@ func (r *Region) Counts() Counts {
 		Conflicts: c.conflicts.Load(), Acquires: c.acquires.Load(), Releases: c.releases.Load(),
 		Renewals: c.renewals.Load(), RenewErrors: c.renewErrs.Load(), Txns: r.txns.Load(),
 	}
+}
+
+// GrantLatency returns a copy of the histogram of the store's time per
+// granted block (the etcd write included), whoever asked: a client's
+// AllocateBlock or the replica's own Next minter, which calls the store
+// directly and so has no RPC latency of its own.
+func (r *Region) GrantLatency() *measure.Histogram {
+	c := r.count
+	h := measure.NewHistogram()
+	c.latMu.Lock()
+	h.Merge(&c.grantLat)
+	c.latMu.Unlock()
+	return h
 }
 
 // EtcdWrites is Counts().Writes().
