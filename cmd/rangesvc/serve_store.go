@@ -29,7 +29,10 @@ func nextMinter(owner string, log *slog.Logger) region.NextFunc {
 			Allocator: a,
 			Region:    region,
 			Owner:     owner,
-			Logger:    log,
+			// One code of its own, always: this minter is what the shared
+			// path carves from, so it can never be a shared client itself.
+			Codes:  1,
+			Logger: log,
 		})
 	}
 }
