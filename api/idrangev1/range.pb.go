@@ -15,6 +15,7 @@ import (
 	unsafe "unsafe"
 
 	_ "google.golang.org/genproto/googleapis/api/annotations"
+	status "google.golang.org/genproto/googleapis/rpc/status"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 )
@@ -803,6 +804,149 @@ func (x *AllocateSharedResponse) GetValidUntilUnixNano() int64 {
 	return 0
 }
 
+type AllocateSharedBatchRequest struct {
+	state         protoimpl.MessageState   `protogen:"open.v1"`
+	Requests      []*AllocateSharedRequest `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty"` // 1..1024
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AllocateSharedBatchRequest) Reset() {
+	*x = AllocateSharedBatchRequest{}
+	mi := &file_range_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AllocateSharedBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AllocateSharedBatchRequest) ProtoMessage() {}
+
+func (x *AllocateSharedBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AllocateSharedBatchRequest.ProtoReflect.Descriptor instead.
+func (*AllocateSharedBatchRequest) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *AllocateSharedBatchRequest) GetRequests() []*AllocateSharedRequest {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+type AllocateSharedBatchResponse struct {
+	state         protoimpl.MessageState  `protogen:"open.v1"`
+	Results       []*AllocateSharedResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"` // one per request, in order
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AllocateSharedBatchResponse) Reset() {
+	*x = AllocateSharedBatchResponse{}
+	mi := &file_range_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AllocateSharedBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AllocateSharedBatchResponse) ProtoMessage() {}
+
+func (x *AllocateSharedBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AllocateSharedBatchResponse.ProtoReflect.Descriptor instead.
+func (*AllocateSharedBatchResponse) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *AllocateSharedBatchResponse) GetResults() []*AllocateSharedResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// AllocateSharedResult is one request's outcome: a run, or (status set,
+// code not OK) the refusal AllocateShared would have returned, with its
+// details (RetryInfo for a caller over its rate).
+type AllocateSharedResult struct {
+	state         protoimpl.MessageState  `protogen:"open.v1"`
+	Run           *AllocateSharedResponse `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	Status        *status.Status          `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AllocateSharedResult) Reset() {
+	*x = AllocateSharedResult{}
+	mi := &file_range_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AllocateSharedResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AllocateSharedResult) ProtoMessage() {}
+
+func (x *AllocateSharedResult) ProtoReflect() protoreflect.Message {
+	mi := &file_range_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AllocateSharedResult.ProtoReflect.Descriptor instead.
+func (*AllocateSharedResult) Descriptor() ([]byte, []int) {
+	return file_range_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *AllocateSharedResult) GetRun() *AllocateSharedResponse {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
+func (x *AllocateSharedResult) GetStatus() *status.Status {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
 type GetReplicaInfoRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -811,7 +955,7 @@ type GetReplicaInfoRequest struct {
 
 func (x *GetReplicaInfoRequest) Reset() {
 	*x = GetReplicaInfoRequest{}
-	mi := &file_range_proto_msgTypes[15]
+	mi := &file_range_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -823,7 +967,7 @@ func (x *GetReplicaInfoRequest) String() string {
 func (*GetReplicaInfoRequest) ProtoMessage() {}
 
 func (x *GetReplicaInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[15]
+	mi := &file_range_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -836,7 +980,7 @@ func (x *GetReplicaInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetReplicaInfoRequest) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{15}
+	return file_range_proto_rawDescGZIP(), []int{18}
 }
 
 // GetReplicaInfoResponse describes one replica. Later fields (a version,
@@ -855,7 +999,7 @@ type GetReplicaInfoResponse struct {
 
 func (x *GetReplicaInfoResponse) Reset() {
 	*x = GetReplicaInfoResponse{}
-	mi := &file_range_proto_msgTypes[16]
+	mi := &file_range_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -867,7 +1011,7 @@ func (x *GetReplicaInfoResponse) String() string {
 func (*GetReplicaInfoResponse) ProtoMessage() {}
 
 func (x *GetReplicaInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_range_proto_msgTypes[16]
+	mi := &file_range_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -880,7 +1024,7 @@ func (x *GetReplicaInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetReplicaInfoResponse) Descriptor() ([]byte, []int) {
-	return file_range_proto_rawDescGZIP(), []int{16}
+	return file_range_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetReplicaInfoResponse) GetRegion() uint32 {
@@ -909,7 +1053,7 @@ var File_range_proto protoreflect.FileDescriptor
 const file_range_proto_rawDesc = "" +
 	"\n" +
 	"\vrange.proto\x12\n" +
-	"idrange.v1\x1a\x1cgoogle/api/annotations.proto\"h\n" +
+	"idrange.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x17google/rpc/status.proto\"h\n" +
 	"\x05Lease\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x16\n" +
 	"\x06worker\x18\x02 \x01(\rR\x06worker\x12\x14\n" +
@@ -953,13 +1097,20 @@ const file_range_proto_rawDesc = "" +
 	"\x02lo\x18\x03 \x01(\x03R\x02lo\x12\x0e\n" +
 	"\x02hi\x18\x04 \x01(\x03R\x02hi\x123\n" +
 	"\x16service_time_unix_nano\x18\x05 \x01(\x03R\x13serviceTimeUnixNano\x121\n" +
-	"\x15valid_until_unix_nano\x18\x06 \x01(\x03R\x12validUntilUnixNano\"\x17\n" +
+	"\x15valid_until_unix_nano\x18\x06 \x01(\x03R\x12validUntilUnixNano\"[\n" +
+	"\x1aAllocateSharedBatchRequest\x12=\n" +
+	"\brequests\x18\x01 \x03(\v2!.idrange.v1.AllocateSharedRequestR\brequests\"Y\n" +
+	"\x1bAllocateSharedBatchResponse\x12:\n" +
+	"\aresults\x18\x01 \x03(\v2 .idrange.v1.AllocateSharedResultR\aresults\"x\n" +
+	"\x14AllocateSharedResult\x124\n" +
+	"\x03run\x18\x01 \x01(\v2\".idrange.v1.AllocateSharedResponseR\x03run\x12*\n" +
+	"\x06status\x18\x02 \x01(\v2\x12.google.rpc.StatusR\x06status\"\x17\n" +
 	"\x15GetReplicaInfoRequest\"v\n" +
 	"\x16GetReplicaInfoResponse\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12%\n" +
 	"\x0eshared_clients\x18\x02 \x01(\rR\rsharedClients\x12\x1d\n" +
 	"\n" +
-	"codes_held\x18\x03 \x01(\rR\tcodesHeld2\xa4\x05\n" +
+	"codes_held\x18\x03 \x01(\rR\tcodesHeld2\x8c\x06\n" +
 	"\fRangeService\x12Q\n" +
 	"\fAcquireLease\x12\x1f.idrange.v1.AcquireLeaseRequest\x1a .idrange.v1.AcquireLeaseResponse\x12K\n" +
 	"\n" +
@@ -969,7 +1120,8 @@ const file_range_proto_rawDesc = "" +
 	"\tMintBatch\x12\x1c.idrange.v1.MintBatchRequest\x1a\x1d.idrange.v1.MintBatchResponse\"\x0f\x82\xd3\xe4\x93\x02\t\x12\a/v1/ids\x12>\n" +
 	"\x04Next\x12\x17.idrange.v1.NextRequest\x1a\x18.idrange.v1.NextResponse\"\x03\x88\x02\x01\x12W\n" +
 	"\x0eGetReplicaInfo\x12!.idrange.v1.GetReplicaInfoRequest\x1a\".idrange.v1.GetReplicaInfoResponse\x12W\n" +
-	"\x0eAllocateShared\x12!.idrange.v1.AllocateSharedRequest\x1a\".idrange.v1.AllocateSharedResponseB4Z2github.com/idrange/idrange/api/idrangev1;idrangev1b\x06proto3"
+	"\x0eAllocateShared\x12!.idrange.v1.AllocateSharedRequest\x1a\".idrange.v1.AllocateSharedResponse\x12f\n" +
+	"\x13AllocateSharedBatch\x12&.idrange.v1.AllocateSharedBatchRequest\x1a'.idrange.v1.AllocateSharedBatchResponseB4Z2github.com/idrange/idrange/api/idrangev1;idrangev1b\x06proto3"
 
 var (
 	file_range_proto_rawDescOnce sync.Once
@@ -983,52 +1135,62 @@ func file_range_proto_rawDescGZIP() []byte {
 	return file_range_proto_rawDescData
 }
 
-var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_range_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_range_proto_goTypes = []any{
-	(*Lease)(nil),                  // 0: idrange.v1.Lease
-	(*AcquireLeaseRequest)(nil),    // 1: idrange.v1.AcquireLeaseRequest
-	(*AcquireLeaseResponse)(nil),   // 2: idrange.v1.AcquireLeaseResponse
-	(*RenewLeaseRequest)(nil),      // 3: idrange.v1.RenewLeaseRequest
-	(*RenewLeaseResponse)(nil),     // 4: idrange.v1.RenewLeaseResponse
-	(*ReleaseLeaseRequest)(nil),    // 5: idrange.v1.ReleaseLeaseRequest
-	(*ReleaseLeaseResponse)(nil),   // 6: idrange.v1.ReleaseLeaseResponse
-	(*AllocateBlockRequest)(nil),   // 7: idrange.v1.AllocateBlockRequest
-	(*AllocateBlockResponse)(nil),  // 8: idrange.v1.AllocateBlockResponse
-	(*MintBatchRequest)(nil),       // 9: idrange.v1.MintBatchRequest
-	(*MintBatchResponse)(nil),      // 10: idrange.v1.MintBatchResponse
-	(*NextRequest)(nil),            // 11: idrange.v1.NextRequest
-	(*NextResponse)(nil),           // 12: idrange.v1.NextResponse
-	(*AllocateSharedRequest)(nil),  // 13: idrange.v1.AllocateSharedRequest
-	(*AllocateSharedResponse)(nil), // 14: idrange.v1.AllocateSharedResponse
-	(*GetReplicaInfoRequest)(nil),  // 15: idrange.v1.GetReplicaInfoRequest
-	(*GetReplicaInfoResponse)(nil), // 16: idrange.v1.GetReplicaInfoResponse
+	(*Lease)(nil),                       // 0: idrange.v1.Lease
+	(*AcquireLeaseRequest)(nil),         // 1: idrange.v1.AcquireLeaseRequest
+	(*AcquireLeaseResponse)(nil),        // 2: idrange.v1.AcquireLeaseResponse
+	(*RenewLeaseRequest)(nil),           // 3: idrange.v1.RenewLeaseRequest
+	(*RenewLeaseResponse)(nil),          // 4: idrange.v1.RenewLeaseResponse
+	(*ReleaseLeaseRequest)(nil),         // 5: idrange.v1.ReleaseLeaseRequest
+	(*ReleaseLeaseResponse)(nil),        // 6: idrange.v1.ReleaseLeaseResponse
+	(*AllocateBlockRequest)(nil),        // 7: idrange.v1.AllocateBlockRequest
+	(*AllocateBlockResponse)(nil),       // 8: idrange.v1.AllocateBlockResponse
+	(*MintBatchRequest)(nil),            // 9: idrange.v1.MintBatchRequest
+	(*MintBatchResponse)(nil),           // 10: idrange.v1.MintBatchResponse
+	(*NextRequest)(nil),                 // 11: idrange.v1.NextRequest
+	(*NextResponse)(nil),                // 12: idrange.v1.NextResponse
+	(*AllocateSharedRequest)(nil),       // 13: idrange.v1.AllocateSharedRequest
+	(*AllocateSharedResponse)(nil),      // 14: idrange.v1.AllocateSharedResponse
+	(*AllocateSharedBatchRequest)(nil),  // 15: idrange.v1.AllocateSharedBatchRequest
+	(*AllocateSharedBatchResponse)(nil), // 16: idrange.v1.AllocateSharedBatchResponse
+	(*AllocateSharedResult)(nil),        // 17: idrange.v1.AllocateSharedResult
+	(*GetReplicaInfoRequest)(nil),       // 18: idrange.v1.GetReplicaInfoRequest
+	(*GetReplicaInfoResponse)(nil),      // 19: idrange.v1.GetReplicaInfoResponse
+	(*status.Status)(nil),               // 20: google.rpc.Status
 }
 var file_range_proto_depIdxs = []int32{
 	0,  // 0: idrange.v1.AcquireLeaseResponse.lease:type_name -> idrange.v1.Lease
 	0,  // 1: idrange.v1.RenewLeaseRequest.lease:type_name -> idrange.v1.Lease
 	0,  // 2: idrange.v1.ReleaseLeaseRequest.lease:type_name -> idrange.v1.Lease
 	0,  // 3: idrange.v1.AllocateBlockRequest.lease:type_name -> idrange.v1.Lease
-	1,  // 4: idrange.v1.RangeService.AcquireLease:input_type -> idrange.v1.AcquireLeaseRequest
-	3,  // 5: idrange.v1.RangeService.RenewLease:input_type -> idrange.v1.RenewLeaseRequest
-	5,  // 6: idrange.v1.RangeService.ReleaseLease:input_type -> idrange.v1.ReleaseLeaseRequest
-	7,  // 7: idrange.v1.RangeService.AllocateBlock:input_type -> idrange.v1.AllocateBlockRequest
-	9,  // 8: idrange.v1.RangeService.MintBatch:input_type -> idrange.v1.MintBatchRequest
-	11, // 9: idrange.v1.RangeService.Next:input_type -> idrange.v1.NextRequest
-	15, // 10: idrange.v1.RangeService.GetReplicaInfo:input_type -> idrange.v1.GetReplicaInfoRequest
-	13, // 11: idrange.v1.RangeService.AllocateShared:input_type -> idrange.v1.AllocateSharedRequest
-	2,  // 12: idrange.v1.RangeService.AcquireLease:output_type -> idrange.v1.AcquireLeaseResponse
-	4,  // 13: idrange.v1.RangeService.RenewLease:output_type -> idrange.v1.RenewLeaseResponse
-	6,  // 14: idrange.v1.RangeService.ReleaseLease:output_type -> idrange.v1.ReleaseLeaseResponse
-	8,  // 15: idrange.v1.RangeService.AllocateBlock:output_type -> idrange.v1.AllocateBlockResponse
-	10, // 16: idrange.v1.RangeService.MintBatch:output_type -> idrange.v1.MintBatchResponse
-	12, // 17: idrange.v1.RangeService.Next:output_type -> idrange.v1.NextResponse
-	16, // 18: idrange.v1.RangeService.GetReplicaInfo:output_type -> idrange.v1.GetReplicaInfoResponse
-	14, // 19: idrange.v1.RangeService.AllocateShared:output_type -> idrange.v1.AllocateSharedResponse
-	12, // [12:20] is the sub-list for method output_type
-	4,  // [4:12] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	13, // 4: idrange.v1.AllocateSharedBatchRequest.requests:type_name -> idrange.v1.AllocateSharedRequest
+	17, // 5: idrange.v1.AllocateSharedBatchResponse.results:type_name -> idrange.v1.AllocateSharedResult
+	14, // 6: idrange.v1.AllocateSharedResult.run:type_name -> idrange.v1.AllocateSharedResponse
+	20, // 7: idrange.v1.AllocateSharedResult.status:type_name -> google.rpc.Status
+	1,  // 8: idrange.v1.RangeService.AcquireLease:input_type -> idrange.v1.AcquireLeaseRequest
+	3,  // 9: idrange.v1.RangeService.RenewLease:input_type -> idrange.v1.RenewLeaseRequest
+	5,  // 10: idrange.v1.RangeService.ReleaseLease:input_type -> idrange.v1.ReleaseLeaseRequest
+	7,  // 11: idrange.v1.RangeService.AllocateBlock:input_type -> idrange.v1.AllocateBlockRequest
+	9,  // 12: idrange.v1.RangeService.MintBatch:input_type -> idrange.v1.MintBatchRequest
+	11, // 13: idrange.v1.RangeService.Next:input_type -> idrange.v1.NextRequest
+	18, // 14: idrange.v1.RangeService.GetReplicaInfo:input_type -> idrange.v1.GetReplicaInfoRequest
+	13, // 15: idrange.v1.RangeService.AllocateShared:input_type -> idrange.v1.AllocateSharedRequest
+	15, // 16: idrange.v1.RangeService.AllocateSharedBatch:input_type -> idrange.v1.AllocateSharedBatchRequest
+	2,  // 17: idrange.v1.RangeService.AcquireLease:output_type -> idrange.v1.AcquireLeaseResponse
+	4,  // 18: idrange.v1.RangeService.RenewLease:output_type -> idrange.v1.RenewLeaseResponse
+	6,  // 19: idrange.v1.RangeService.ReleaseLease:output_type -> idrange.v1.ReleaseLeaseResponse
+	8,  // 20: idrange.v1.RangeService.AllocateBlock:output_type -> idrange.v1.AllocateBlockResponse
+	10, // 21: idrange.v1.RangeService.MintBatch:output_type -> idrange.v1.MintBatchResponse
+	12, // 22: idrange.v1.RangeService.Next:output_type -> idrange.v1.NextResponse
+	19, // 23: idrange.v1.RangeService.GetReplicaInfo:output_type -> idrange.v1.GetReplicaInfoResponse
+	14, // 24: idrange.v1.RangeService.AllocateShared:output_type -> idrange.v1.AllocateSharedResponse
+	16, // 25: idrange.v1.RangeService.AllocateSharedBatch:output_type -> idrange.v1.AllocateSharedBatchResponse
+	17, // [17:26] is the sub-list for method output_type
+	8,  // [8:17] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_range_proto_init() }
@@ -1042,7 +1204,7 @@ func file_range_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_range_proto_rawDesc), len(file_range_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

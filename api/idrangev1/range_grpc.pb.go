@@ -23,14 +23,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	RangeService_AcquireLease_FullMethodName   = "/idrange.v1.RangeService/AcquireLease"
-	RangeService_RenewLease_FullMethodName     = "/idrange.v1.RangeService/RenewLease"
-	RangeService_ReleaseLease_FullMethodName   = "/idrange.v1.RangeService/ReleaseLease"
-	RangeService_AllocateBlock_FullMethodName  = "/idrange.v1.RangeService/AllocateBlock"
-	RangeService_MintBatch_FullMethodName      = "/idrange.v1.RangeService/MintBatch"
-	RangeService_Next_FullMethodName           = "/idrange.v1.RangeService/Next"
-	RangeService_GetReplicaInfo_FullMethodName = "/idrange.v1.RangeService/GetReplicaInfo"
-	RangeService_AllocateShared_FullMethodName = "/idrange.v1.RangeService/AllocateShared"
+	RangeService_AcquireLease_FullMethodName        = "/idrange.v1.RangeService/AcquireLease"
+	RangeService_RenewLease_FullMethodName          = "/idrange.v1.RangeService/RenewLease"
+	RangeService_ReleaseLease_FullMethodName        = "/idrange.v1.RangeService/ReleaseLease"
+	RangeService_AllocateBlock_FullMethodName       = "/idrange.v1.RangeService/AllocateBlock"
+	RangeService_MintBatch_FullMethodName           = "/idrange.v1.RangeService/MintBatch"
+	RangeService_Next_FullMethodName                = "/idrange.v1.RangeService/Next"
+	RangeService_GetReplicaInfo_FullMethodName      = "/idrange.v1.RangeService/GetReplicaInfo"
+	RangeService_AllocateShared_FullMethodName      = "/idrange.v1.RangeService/AllocateShared"
+	RangeService_AllocateSharedBatch_FullMethodName = "/idrange.v1.RangeService/AllocateSharedBatch"
 )
 
 // RangeServiceClient is the client API for RangeService service.
@@ -86,6 +87,15 @@ type RangeServiceClient interface {
 	// (its minter has no block, its lease is near its deadline, after_id is
 	// too far ahead) is Unavailable: retry, here or at another replica.
 	AllocateShared(ctx context.Context, in *AllocateSharedRequest, opts ...grpc.CallOption) (*AllocateSharedResponse, error)
+	// AllocateSharedBatch is AllocateShared for several clients at once: one
+	// call carries the requests of many clients that share a connection (a
+	// process with many clients, a node-local proxy), so the per-call cost of
+	// gRPC is paid once. Each request is checked, bounded and carved exactly
+	// as AllocateShared would, in order, and answered in the same position of
+	// the reply: either a run or the status AllocateShared would have
+	// returned. More than 1,024 requests, or none, is InvalidArgument for the
+	// whole call.
+	AllocateSharedBatch(ctx context.Context, in *AllocateSharedBatchRequest, opts ...grpc.CallOption) (*AllocateSharedBatchResponse, error)
 }
 
 type rangeServiceClient struct {
@@ -177,6 +187,16 @@ func (c *rangeServiceClient) AllocateShared(ctx context.Context, in *AllocateSha
 	return out, nil
 }
 
+func (c *rangeServiceClient) AllocateSharedBatch(ctx context.Context, in *AllocateSharedBatchRequest, opts ...grpc.CallOption) (*AllocateSharedBatchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AllocateSharedBatchResponse)
+	err := c.cc.Invoke(ctx, RangeService_AllocateSharedBatch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RangeServiceServer is the server API for RangeService service.
 // All implementations must embed UnimplementedRangeServiceServer
 // for forward compatibility.
@@ -230,6 +250,15 @@ type RangeServiceServer interface {
 	// (its minter has no block, its lease is near its deadline, after_id is
 	// too far ahead) is Unavailable: retry, here or at another replica.
 	AllocateShared(context.Context, *AllocateSharedRequest) (*AllocateSharedResponse, error)
+	// AllocateSharedBatch is AllocateShared for several clients at once: one
+	// call carries the requests of many clients that share a connection (a
+	// process with many clients, a node-local proxy), so the per-call cost of
+	// gRPC is paid once. Each request is checked, bounded and carved exactly
+	// as AllocateShared would, in order, and answered in the same position of
+	// the reply: either a run or the status AllocateShared would have
+	// returned. More than 1,024 requests, or none, is InvalidArgument for the
+	// whole call.
+	AllocateSharedBatch(context.Context, *AllocateSharedBatchRequest) (*AllocateSharedBatchResponse, error)
 	mustEmbedUnimplementedRangeServiceServer()
 }
 
@@ -263,6 +292,9 @@ func (UnimplementedRangeServiceServer) GetReplicaInfo(context.Context, *GetRepli
 }
 func (UnimplementedRangeServiceServer) AllocateShared(context.Context, *AllocateSharedRequest) (*AllocateSharedResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method AllocateShared not implemented")
+}
+func (UnimplementedRangeServiceServer) AllocateSharedBatch(context.Context, *AllocateSharedBatchRequest) (*AllocateSharedBatchResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AllocateSharedBatch not implemented")
 }
 func (UnimplementedRangeServiceServer) mustEmbedUnimplementedRangeServiceServer() {}
 func (UnimplementedRangeServiceServer) testEmbeddedByValue()                      {}
@@ -429,6 +461,24 @@ func _RangeService_AllocateShared_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RangeService_AllocateSharedBatch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AllocateSharedBatchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RangeServiceServer).AllocateSharedBatch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RangeService_AllocateSharedBatch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RangeServiceServer).AllocateSharedBatch(ctx, req.(*AllocateSharedBatchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RangeService_ServiceDesc is the grpc.ServiceDesc for RangeService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -467,6 +517,10 @@ var RangeService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "AllocateShared",
 			Handler:    _RangeService_AllocateShared_Handler,
+		},
+		{
+			MethodName: "AllocateSharedBatch",
+			Handler:    _RangeService_AllocateSharedBatch_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
