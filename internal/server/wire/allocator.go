@@ -18,9 +18,13 @@ import (
 // wrap into a valid uint32), replies are checked before they are returned (a
 // block is never wider than asked, never empty, never past segment.EndL: segment.Block.Check), and
 // errors are mapped with FromStatus so errors.Is(err, segment.ErrFenced)
-// works on the client.
+// works on the client. AllocateShared calls that wait while another is in
+// flight on the same allocator go out together as one AllocateSharedBatch
+// (sharedBatcher): share one allocator among the clients of a process that
+// share a connection.
 func NewAllocator(cc grpc.ClientConnInterface) segment.Allocator {
-	return &allocator{c: idrangev1.NewRangeServiceClient(cc)}
+	c := idrangev1.NewRangeServiceClient(cc)
+	return &allocator{c: c, shared: &sharedBatcher{c: c}}
 }
 
 // RegionReporter is implemented by the allocator NewAllocator returns:
@@ -39,7 +43,8 @@ type RegionReporter interface {
 var _ RegionReporter = (*allocator)(nil)
 
 type allocator struct {
-	c idrangev1.RangeServiceClient
+	c      idrangev1.RangeServiceClient
+	shared *sharedBatcher // AllocateShared calls, batched when several wait
 }
 
 func (a *allocator) ReplicaRegion(ctx context.Context) (int, error) {
@@ -136,7 +141,7 @@ func (a *allocator) AllocateShared(ctx context.Context, region, n int, after sno
 	case len(clientID) > segment.MaxClientID:
 		return segment.Block{}, fmt.Errorf("client ID of %d bytes, more than %d: %w", len(clientID), segment.MaxClientID, segment.ErrInvalid)
 	}
-	resp, err := a.c.AllocateShared(ctx, &idrangev1.AllocateSharedRequest{Count: uint32(n), AfterId: int64(after), ClientId: clientID})
+	resp, err := a.shared.do(ctx, &idrangev1.AllocateSharedRequest{Count: uint32(n), AfterId: int64(after), ClientId: clientID})
 	if err != nil {
 		return segment.Block{}, FromStatus(err)
 	}
