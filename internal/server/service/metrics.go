@@ -187,7 +187,7 @@ func NewMetrics(reg prometheus.Registerer, clk func() time.Time) (*Metrics, erro
 	}
 	// Create the error series that matter for alerts up front, so they
 	// scrape as 0 (and rate() works) before the first failure.
-	for _, method := range []string{"AcquireLease", "RenewLease", "ReleaseLease", "AllocateBlock", "MintBatch", "Next", "AllocateShared"} {
+	for _, method := range []string{"AcquireLease", "RenewLease", "ReleaseLease", "AllocateBlock", "MintBatch", "Next", "AllocateShared", "AllocateSharedBatch"} {
 		for _, code := range []codes.Code{codes.InvalidArgument, codes.FailedPrecondition, codes.ResourceExhausted,
 			codes.Unavailable, codes.DataLoss, codes.OutOfRange, codes.Internal} {
 			m.Errors.WithLabelValues(method, code.String())

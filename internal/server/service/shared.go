@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"log/slog"
 	"math"
 	"sync"
 	"time"
@@ -173,12 +174,57 @@ const (
 // write. The caller's identity is bounded to Config.SharedRate IDs/s.
 func (s *Service) AllocateShared(ctx context.Context, req *idrangev1.AllocateSharedRequest) (*idrangev1.AllocateSharedResponse, error) {
 	var resp *idrangev1.AllocateSharedResponse
-	reason := ""
 	err := s.rpc(ctx, "AllocateShared", func(ctx context.Context) error {
 		var err error
-		resp, reason, err = s.allocateShared(ctx, req)
+		resp, err = s.sharedRun(ctx, req)
 		return err
 	})
+	return resp, err
+}
+
+// AllocateSharedBatch answers several AllocateShared requests in one call:
+// each one checked, bounded and carved as AllocateShared does, in order,
+// its outcome (a run or the status AllocateShared would have returned) in
+// the same position of the reply. Refusals are counted per request under
+// AllocateShared, and logged once per call.
+func (s *Service) AllocateSharedBatch(ctx context.Context, req *idrangev1.AllocateSharedBatchRequest) (*idrangev1.AllocateSharedBatchResponse, error) {
+	var resp *idrangev1.AllocateSharedBatchResponse
+	err := s.rpc(ctx, "AllocateSharedBatch", func(ctx context.Context) error {
+		reqs := req.GetRequests()
+		if len(reqs) == 0 || len(reqs) > wire.MaxSharedBatch {
+			return invalid("requests: %d not in 1..%d", len(reqs), wire.MaxSharedBatch)
+		}
+		resp = &idrangev1.AllocateSharedBatchResponse{Results: make([]*idrangev1.AllocateSharedResult, len(reqs))}
+		refused, first := 0, error(nil)
+		for i, r := range reqs {
+			run, err := s.sharedRun(ctx, r)
+			if err != nil {
+				st := status.Convert(wire.ToStatus(err))
+				s.metrics.Errors.WithLabelValues("AllocateShared", st.Code().String()).Inc()
+				if refused++; first == nil {
+					first = err
+				}
+				resp.Results[i] = &idrangev1.AllocateSharedResult{Status: st.Proto()}
+				continue
+			}
+			resp.Results[i] = &idrangev1.AllocateSharedResult{Run: run}
+		}
+		if refused > 0 {
+			lvl := slog.LevelWarn
+			if c := status.Code(wire.ToStatus(first)); c == codes.ResourceExhausted || c == codes.InvalidArgument || c == codes.Canceled {
+				lvl = slog.LevelDebug
+			}
+			s.log.Log(ctx, lvl, "shared runs refused", "method", "AllocateSharedBatch", "refused", refused, "of", len(reqs), "first", first)
+		}
+		return nil
+	})
+	return resp, err
+}
+
+// sharedRun is one AllocateShared request, counted in the shared path's
+// metrics.
+func (s *Service) sharedRun(ctx context.Context, req *idrangev1.AllocateSharedRequest) (*idrangev1.AllocateSharedResponse, error) {
+	resp, reason, err := s.allocateShared(ctx, req)
 	if err != nil {
 		s.metrics.SharedGrants.WithLabelValues("refused").Inc()
 		if reason == "" {
@@ -213,6 +259,11 @@ func (s *Service) allocateShared(ctx context.Context, req *idrangev1.AllocateSha
 	s.mu.Unlock()
 	if m == nil {
 		return nil, sharedNoMinter, status.Error(codes.Unimplemented, "AllocateShared: this replica has no minter configured")
+	}
+	if err := ctx.Err(); err != nil {
+		// The caller gave up while the request queued: a run carved now
+		// would only be wasted.
+		return nil, sharedOther, status.FromContextError(err).Err()
 	}
 	ident := authz.IdentityFrom(ctx)
 	now := s.observe()
