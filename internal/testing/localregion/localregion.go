@@ -29,6 +29,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
+	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/internal/server/embedetcd"
 	"github.com/idrange/idrange/internal/server/region"
@@ -138,6 +139,9 @@ type Counts struct {
 	// releases, failed compares included), each one raft proposal: fewer
 	// than the writes above when grants are group-committed.
 	Txns uint64 `json:"txns"`
+	// SharedRuns are the shared runs granted (AllocateShared, one per
+	// call, and AllocateSharedBatch, one per granted request).
+	SharedRuns uint64 `json:"shared_runs"`
 }
 
 // Writes is the number of etcd writes: grants + acquisitions + releases.
@@ -150,7 +154,7 @@ func (c Counts) Add(o Counts) Counts {
 		GrantErrors: c.GrantErrors + o.GrantErrors, Conflicts: c.Conflicts + o.Conflicts,
 		Acquires: c.Acquires + o.Acquires, Releases: c.Releases + o.Releases,
 		Renewals: c.Renewals + o.Renewals, RenewErrors: c.RenewErrors + o.RenewErrors,
-		Txns: c.Txns + o.Txns,
+		Txns: c.Txns + o.Txns, SharedRuns: c.SharedRuns + o.SharedRuns,
 	}
 }
 
@@ -161,13 +165,14 @@ func (c Counts) Sub(o Counts) Counts {
 		GrantErrors: c.GrantErrors - o.GrantErrors, Conflicts: c.Conflicts - o.Conflicts,
 		Acquires: c.Acquires - o.Acquires, Releases: c.Releases - o.Releases,
 		Renewals: c.Renewals - o.Renewals, RenewErrors: c.RenewErrors - o.RenewErrors,
-		Txns: c.Txns - o.Txns,
+		Txns: c.Txns - o.Txns, SharedRuns: c.SharedRuns - o.SharedRuns,
 	}
 }
 
 type counter struct {
 	store.NopObserver
 	grants, units, grantErrs, conflicts, acquires, releases, renewals, renewErrs atomic.Uint64
+	sharedRuns                                                                   atomic.Uint64
 
 	latMu    sync.Mutex
 	grantLat measure.Histogram // the store's time per grant, etcd included
@@ -324,11 +329,23 @@ func (r *Region) start(addr string) error {
 }
 
 // timeRPC records each RPC's server-side latency (decode to reply, store
-// included) per method.
+// included) per method, and counts the shared runs granted.
 func (r *Region) timeRPC(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	start := time.Now()
 	resp, err := handler(ctx, req)
 	d := time.Since(start)
+	switch resp := resp.(type) {
+	case *idrangev1.AllocateSharedResponse:
+		if err == nil {
+			r.count.sharedRuns.Add(1)
+		}
+	case *idrangev1.AllocateSharedBatchResponse:
+		for _, res := range resp.GetResults() {
+			if res.GetRun() != nil {
+				r.count.sharedRuns.Add(1)
+			}
+		}
+	}
 	m := info.FullMethod
 	if i := strings.LastIndexByte(m, '/'); i >= 0 {
 		m = m[i+1:]
@@ -397,6 +414,7 @@ func (r *Region) Counts() Counts {
 		Grants: c.grants.Load(), GrantedUnits: c.units.Load(), GrantErrors: c.grantErrs.Load(),
 		Conflicts: c.conflicts.Load(), Acquires: c.acquires.Load(), Releases: c.releases.Load(),
 		Renewals: c.renewals.Load(), RenewErrors: c.renewErrs.Load(), Txns: r.txns.Load(),
+		SharedRuns: c.sharedRuns.Load(),
 	}
 }
 

@@ -221,3 +221,69 @@ func TestAllocateSharedRateLimit(t *testing.T) {
 		t.Fatalf("shared_refused_total{off} = %v, want 1", got)
 	}
 }
+
+// AllocateSharedBatch over gRPC: each request is answered in its place as
+// AllocateShared would answer it (runs of their own, a bad count refused
+// as InvalidArgument, an identity over its bound refused with a retry
+// delay), counted per request; a call of no requests or more than
+// wire.MaxSharedBatch is refused whole.
+func TestAllocateSharedBatchOverGRPC(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	r, err := Start(ctx, Config{Region: 1, NextMinter: rangeclientMinter, SharedRate: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	stop, err := r.EnableNext(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	rpc := idrangev1.NewRangeServiceClient(dialTest(t, r.Addr()))
+	reqs := []*idrangev1.AllocateSharedRequest{
+		{Count: 300, ClientId: "a"},
+		{Count: 0, ClientId: "bad"},
+		{Count: 300, ClientId: "b"},
+		{Count: 800, ClientId: "over"}, // 600 of the 1,000-ID bucket are gone
+	}
+	resp, err := rpc.AllocateSharedBatch(ctx, &idrangev1.AllocateSharedBatchRequest{Requests: reqs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := resp.GetResults()
+	if len(res) != len(reqs) {
+		t.Fatalf("%d results for %d requests", len(res), len(reqs))
+	}
+	var runs []segment.Block
+	for _, i := range []int{0, 2} {
+		b := wire.SharedFromProto(res[i].GetRun())
+		if res[i].GetStatus() != nil || b.CheckShared(1, 300, 0) != nil {
+			t.Fatalf("request %d: %v, want a run of up to 300", i, res[i])
+		}
+		runs = append(runs, b)
+	}
+	if runs[0].Worker == runs[1].Worker && runs[0].Lo < runs[1].Hi && runs[1].Lo < runs[0].Hi {
+		t.Fatalf("runs [%d,%d) and [%d,%d) of one code overlap", runs[0].Lo, runs[0].Hi, runs[1].Lo, runs[1].Hi)
+	}
+	if c := codes.Code(res[1].GetStatus().GetCode()); c != codes.InvalidArgument || res[1].GetRun() != nil {
+		t.Fatalf("request with count 0: %v, want InvalidArgument", res[1])
+	}
+	var bp *segment.Backpressure
+	if err := wire.FromStatus(status.ErrorProto(res[3].GetStatus())); !errors.As(err, &bp) || bp.RetryAfter <= 0 {
+		t.Fatalf("request over the bound: %v, want backpressure with a retry delay", err)
+	}
+	m := r.rep.Service().Metrics()
+	if g, rl := counterValue(t, m.SharedGrants.WithLabelValues("granted")), counterValue(t, m.SharedRefused.WithLabelValues("rate_limited")); g != 2 || rl != 1 {
+		t.Fatalf("shared_grants_total{granted} = %v, shared_refused_total{rate_limited} = %v; want 2 and 1", g, rl)
+	}
+	for _, n := range []int{0, wire.MaxSharedBatch + 1} {
+		req := &idrangev1.AllocateSharedBatchRequest{}
+		for range n {
+			req.Requests = append(req.Requests, &idrangev1.AllocateSharedRequest{Count: 1})
+		}
+		if _, err := rpc.AllocateSharedBatch(ctx, req); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("a batch of %d requests: %v, want InvalidArgument", n, err)
+		}
+	}
+}
