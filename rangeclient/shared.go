@@ -22,20 +22,41 @@ import (
 const (
 	// DedicatedRate is the rate, in IDs/s, above which a client on the
 	// shared path takes a worker code of its own (once it has stayed
-	// above it for dedicatedAfter): a quarter of what the shared path
-	// serves one client at its grant cadence (segment.MaxShared positions
-	// per sharedSpan, 131,072 IDs/s). Below it a code would sit mostly
-	// idle (one code mints 4,096,000 IDs/s); above it the client's shared
-	// grants grow towards their cap, and a code of its own costs one etcd
-	// write every few seconds instead of two grants a second.
+	// above it for dedicatedAfter): well under what the shared path serves
+	// one client (segment.MaxShared positions a run, a run per sharedLife:
+	// about 80,000 IDs/s). Below it a code would sit mostly idle (one code
+	// mints 4,096,000 IDs/s); above it the client's shared grants grow
+	// towards their cap, and a code of its own costs one etcd write every
+	// few seconds instead of more than one grant a second.
 	DedicatedRate = segment.MaxShared / 2
 	// dedicatedAfter is how long the rate must stay above DedicatedRate:
 	// a burst does not take a code.
 	dedicatedAfter = 2 * time.Second
-	// sharedSpan is how long a shared run should last at the measured
-	// rate: well inside a run's validity (under 1 s), so a run is used up
-	// rather than dropped, and a request about twice a second.
-	sharedSpan = 500 * time.Millisecond
+	// sharedLife is how long a shared run should last from its grant at
+	// the measured rate: inside its validity (900 ms from its first
+	// millisecond), with room for the lead at which the next one is asked
+	// for. Runs are sized to it, not to the refill interval: a client
+	// pays about one request per sharedLife whatever its rate, and a run
+	// asked for early is a run whose validity runs out unused.
+	sharedLife = 800 * time.Millisecond
+	// sharedLeadMin and sharedLeadMax bound how long before the current
+	// run runs out the next is asked for: latencyFactor round trips, but
+	// never so early that the next run's validity is half spent when it
+	// starts (a slow service then costs stalls, not twice the requests).
+	sharedLeadMin = 20 * time.Millisecond
+	// sharedKickShare: Next asks for the next run once this share of the
+	// current one is left at the latest, whatever the measured rate, so
+	// a client that mints in bursts (a batch of work at a time) does not
+	// run past the end of a run before the next one arrives.
+	sharedKickShare = 0.25
+	sharedLeadMax   = 200 * time.Millisecond
+	// sharedIdle: a shared client that has not minted for this long lets
+	// its run expire instead of asking for another; its next Next waits
+	// for one round trip. It is shorter than a run's validity, so a client
+	// idle from New on (started early, used later) asks for nothing, and
+	// one minting less often than once a sharedIdle asks at most once per
+	// ID, never more often than an active one.
+	sharedIdle = 500 * time.Millisecond
 	// sharedMinRun and sharedFirstRun bound a run request from below, and
 	// size the first one (no rate measured yet).
 	sharedMinRun   = 64
@@ -131,11 +152,35 @@ func (c *Client) startShared(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
-// sharedCount is the size of the next run request: sharedSpan of IDs at
-// the measured rate, within [sharedMinRun, segment.MaxShared].
+// sharedLead is how long before the current shared run runs out the next
+// is asked for: latencyFactor refill latencies, within [sharedLeadMin,
+// sharedLeadMax].
+func (c *Client) sharedLead() time.Duration {
+	return min(max(latencyFactor*time.Duration(c.pol.latency.Load()), sharedLeadMin), sharedLeadMax)
+}
+
+// sharedCount is the size of the next run request: what the measured rate
+// mints in sharedLife less the lead, within [sharedMinRun,
+// segment.MaxShared].
 func (c *Client) sharedCount() int {
-	n := c.pol.ratePerSec() * sharedSpan.Seconds()
+	n := c.pol.ratePerSec() * (sharedLife - c.sharedLead()).Seconds()
 	return int(min(max(n, sharedMinRun), segment.MaxShared))
+}
+
+// sharedKickAt is the cursor position of b at which the hot path asks for
+// the next run: sharedLead's worth of IDs at the measured rate before b's
+// end (the ID-count form of the lead planShared uses).
+func (c *Client) sharedKickAt(b *block) int64 {
+	n := float64(b.hi - b.lo)
+	ids := max(c.pol.ratePerSec()*c.sharedLead().Seconds(), sharedKickShare*n, 1)
+	return b.hi - int64(min(ids, n))
+}
+
+// sharedIdle reports whether the client has minted nothing for sharedIdle
+// (or its IdleTimeout, if shorter); never with IdleTimeout < 0.
+func (c *Client) sharedIdle(now int64) bool {
+	t := c.cfg.tune.IdleTimeout
+	return t >= 0 && now-c.pol.lastActive.Load() >= int64(min(t, sharedIdle))
 }
 
 // refillShared asks for one run of n positions and installs it.
@@ -160,7 +205,7 @@ func (c *Client) refillShared(n int) error {
 	s.after = max(s.after, sb.ID(sb.Hi-1))
 	b := newBlock(sb, s.lease, sent, arrive)
 	b.offset = denseOffset
-	b.kickAt = c.kickAt(b)
+	b.kickAt = c.sharedKickAt(b)
 	c.stats.refills.Add(1)
 	if !c.install(b) {
 		c.stats.discarded.Add(1)
@@ -180,7 +225,11 @@ func (c *Client) planShared(now int64) (ch <-chan struct{}, n int, wait time.Dur
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ch = c.waitCh
-	wait = c.pol.maxSleep
+	// Longer than the refill loop's maxSleep: the loop wakes when its run
+	// needs renewing (below) or when kicked (a run running low, a caller
+	// waiting), and a timed wake-up with nothing to do costs thousands of
+	// shared clients as much as their grants.
+	wait = sharedIdle
 	if c.closed.Load() {
 		return ch, 0, time.Hour
 	}
@@ -188,19 +237,23 @@ func (c *Client) planShared(now int64) (ch <-chan struct{}, n int, wait time.Dur
 	cur, nx := c.cur.Load(), c.next.Load()
 	switch {
 	case cur == nil:
-		if !c.idle(now) || c.waiters.Load() > 0 {
+		if !c.sharedIdle(now) || c.waiters.Load() > 0 {
 			return ch, c.sharedCount(), wait
 		}
 		return ch, 0, wait
 	case nx != nil:
+		cur.kicked.Store(true) // the next run is here: Next need not kick
 		return ch, 0, min(wait, time.Duration(max(cur.validUntil-now, 0)))
 	case cur.kicked.Load():
 		return ch, c.sharedCount(), wait
-	case c.idle(now):
+	case c.sharedIdle(now):
 		return ch, 0, wait
 	}
-	left, lead := c.timeLeft(cur, now), c.lead(cur)
+	left, lead := c.timeLeft(cur, now), int64(c.sharedLead())
 	if left <= lead {
+		// Asked for on time: Next's kick (a channel send on its hot
+		// path) is not needed for this run any more.
+		cur.kicked.Store(true)
 		return ch, c.sharedCount(), wait
 	}
 	return ch, 0, min(wait, time.Duration(left-lead))
@@ -244,7 +297,10 @@ func (c *Client) sharedLoop() {
 			if s.dedicated {
 				wait = min(wait, time.Duration(max(s.retryAt-now, 0)))
 			}
-			if !sleep(onGrid(wait), ch) {
+			// Not onGrid: the grid lines up refills so their etcd
+			// writes share a Txn, and shared runs write nothing; lined
+			// up, thousands of shared clients would wake as one herd.
+			if !sleep(wait, ch) {
 				return
 			}
 			continue

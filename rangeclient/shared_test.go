@@ -332,3 +332,51 @@ func TestSharedPathUnsupportedTakesACode(t *testing.T) {
 		}
 	})
 }
+
+// A shared client pays about one request per sharedLife at a steady rate
+// (runs sized to their validity, asked for shortly before they are
+// needed), and none while idle: started and left alone it lets its run
+// expire; its next Next waits for one round trip and gets a fresh ID.
+func TestSharedClientCadenceAndIdle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc := fakeService(10 * time.Second)
+		sc := newSharedConn(t, svc)
+		c := startClient(t, Config{Allocator: sc, Region: 1, Owner: "cadence"}, 10*time.Second, nil)
+		start := sc.calls.Load()
+		time.Sleep(5 * time.Second) // idle from New on
+		if got := sc.calls.Load() - start; got != 0 {
+			t.Fatalf("%d shared runs asked for by a client that never minted", got)
+		}
+		id, err := c.Next(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkTime(t, id, svc.Now())
+
+		// 200 IDs/s, as each of 10,000 clients at 2M IDs/s, for 10 s.
+		before, stalls := sc.calls.Load(), c.Stats().Stalls
+		for range 200 {
+			ids, err := c.NextN(context.Background(), 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			at := svc.Now()
+			for _, id := range ids {
+				checkTime(t, id, at)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		calls := sc.calls.Load() - before
+		// One per sharedLife (800 ms) if each run were used to its end;
+		// asked for with a quarter left (sharedKickShare), a run waits
+		// that long before its first use, and its validity ends first.
+		// Fewer than 2 a second: a client sized to half a second, or
+		// asking early, would pay more.
+		if calls >= 20 {
+			t.Fatalf("%d shared runs in 10 s at 200 IDs/s, want fewer than 20", calls)
+		}
+		if s := c.Stats().Stalls - stalls; s > 2 {
+			t.Fatalf("%d stalls in 10 s at 200 IDs/s: the next run was not asked for in time", s)
+		}
+	})
+}
