@@ -29,8 +29,8 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		fmt.Fprintf(&b, ", adaptive blocks (refill interval %v)", time.Duration(f.RefillInterval))
 	}
 	if f.SharedConns > 0 {
-		fmt.Fprintf(&b, "; many-clients mode: per region %d workers with a code each and %d with Codes 0 (shared path) over %d shared connections",
-			f.Dedicated, f.Workers-f.Dedicated, f.SharedConns)
+		fmt.Fprintf(&b, "; many-clients mode: per region %d workers with a code each and %d with Codes 0 (shared path) over %d shared connections, shared-path bound %s IDs/s",
+			f.Dedicated, f.Workers-f.Dedicated, f.SharedConns, measure.SI(f.SharedRate))
 	}
 	if f.CPUHog > 0 {
 		fmt.Fprintf(&b, "; CPU hog: %d busy core(s) in a child process during the run (it burnt %.2f cores)", f.CPUHog, r.HogCPUCores)
@@ -66,8 +66,9 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	row("etcd Txns (raft proposals; grants of several codes share one)", "%d (%.0f/s; %.0f per 1M IDs)",
 		r.Store.Txns, r.EtcdTxnsPerSec, float64(r.Store.Txns)*1e6/float64(max(r.IDs, 1)))
 	if f.SharedConns > 0 {
-		row("shared path (AllocateShared calls served)", "%d (%.0f/s); %d clients on it at the end, %d took a code of their own",
-			r.SharedGrants, float64(r.SharedGrants)/el, r.SharedClients, r.SharedTookCode)
+		calls := r.ServerLatency[sharedMethod].Count + r.ServerLatency[sharedBatchMethod].Count
+		row("shared path (runs granted)", "%d (%.0f/s) in %d calls (%.1f runs a call); %d clients on it at the end, %d took a code of their own",
+			r.SharedGrants, float64(r.SharedGrants)/el, calls, float64(r.SharedGrants)/float64(max(calls, 1)), r.SharedClients, r.SharedTookCode)
 	}
 	row("lease renewals (keep-alives, not writes)", "%d", r.Store.Renewals)
 	methods := make([]string, 0, len(r.ServerLatency))

@@ -71,8 +71,9 @@ type Report struct {
 	EtcdWritesPerSec float64            `json:"etcd_writes_per_sec"`
 	// EtcdTxnsPerSec is Store.Txns (raft proposals) over Elapsed.
 	EtcdTxnsPerSec float64 `json:"etcd_txns_per_sec"`
-	// SharedGrants is the AllocateShared calls the replicas served during
-	// the run (ServerLatency's count: runs granted and refused).
+	// SharedGrants is the shared runs the replicas granted during the run,
+	// alone (AllocateShared) or in batches (AllocateSharedBatch, whose
+	// calls ServerLatency times: several runs each).
 	SharedGrants uint64 `json:"shared_grants"`
 	// SharedClients is the workers minting from the shared path at the end
 	// of the run; SharedTookCode the Codes-0 workers that took a code of
@@ -116,6 +117,9 @@ type Fleet struct {
 	// mode; 0 otherwise).
 	Dedicated   int `json:"dedicated_workers_per_region"`
 	SharedConns int `json:"shared_conns_per_region,omitempty"`
+	// SharedRate is the replicas' shared-path bound per identity, IDs/s
+	// (the many-clients mode; 0 otherwise).
+	SharedRate float64 `json:"shared_rate,omitempty"`
 }
 
 // Burst summarises the burst profile.
@@ -181,6 +185,7 @@ func newReport(cfg Config) *Report {
 	}
 	if cfg.SharedPath() {
 		rep.Fleet.SharedConns = cfg.Conns
+		rep.Fleet.SharedRate = cfg.SharedRate
 	}
 	if rep.Fleet.RefillInterval == 0 {
 		rep.Fleet.RefillInterval = Dur(rangeclient.DefaultRefillInterval)
@@ -237,7 +242,7 @@ func (rep *Report) sumFleet(cfg Config, env *Env, workers []*worker, base baseli
 	rep.EtcdWrites = rep.Store.Writes()
 	rep.EtcdWritesPerSec = float64(rep.EtcdWrites) / time.Duration(rep.Elapsed).Seconds()
 	rep.EtcdTxnsPerSec = float64(rep.Store.Txns) / time.Duration(rep.Elapsed).Seconds()
-	rep.SharedGrants = rep.ServerLatency[sharedMethod].Count
+	rep.SharedGrants = rep.Store.SharedRuns
 	for _, w := range workers {
 		if w.c.Stats().Shared {
 			rep.SharedClients++
@@ -245,5 +250,9 @@ func (rep *Report) sumFleet(cfg Config, env *Env, workers []*worker, base baseli
 	}
 }
 
-// sharedMethod is the RPC of the shared path, as ServerLatency names it.
-const sharedMethod = "AllocateShared"
+// sharedMethod and sharedBatchMethod are the RPCs of the shared path, as
+// ServerLatency names them.
+const (
+	sharedMethod      = "AllocateShared"
+	sharedBatchMethod = "AllocateSharedBatch"
+)

@@ -100,7 +100,11 @@ func (w *worker) run(ctx context.Context, cfg Config, begin, end time.Time, offs
 		}
 		now := time.Now()
 		w.lat.record(&w.lat.late, now.Sub(tick))
-		last := !now.Before(end)
+		// The last tick is the last one before the end: it settles what
+		// is owed up to the end (at most one tick early), so a coarse tick
+		// does not leave the IDs of the run's last partial tick to be
+		// minted after it.
+		last := !now.Add(cfg.Tick).Before(end)
 		if !w.step(ctx, cfg, begin, end, last, rate, checker) || last {
 			return
 		}
@@ -147,7 +151,7 @@ func (w *worker) step(ctx context.Context, cfg Config, begin, end time.Time, las
 // call. It returns false when the run is over.
 func (w *worker) next(ctx context.Context, now *time.Time) (snowflake.ID, time.Duration, bool) {
 	for {
-		t0 := *now
+		t0 := time.Now()
 		id, err := w.c.Next(ctx)
 		*now = time.Now()
 		d := now.Sub(t0)
