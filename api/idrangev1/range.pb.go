@@ -993,6 +993,11 @@ type GetReplicaInfoResponse struct {
 	// own minter holds (0 before its first use, else 1).
 	SharedClients uint32 `protobuf:"varint,2,opt,name=shared_clients,json=sharedClients,proto3" json:"shared_clients,omitempty"`
 	CodesHeld     uint32 `protobuf:"varint,3,opt,name=codes_held,json=codesHeld,proto3" json:"codes_held,omitempty"`
+	// Whether this replica serves the shared path: it is not switched off
+	// (rangesvc serve --shared-rate 0) and the replica has a minter to carve
+	// from. A replica that does not answers AllocateShared Unimplemented, and
+	// clients without a code of their own take one.
+	SharedPath    bool `protobuf:"varint,4,opt,name=shared_path,json=sharedPath,proto3" json:"shared_path,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1046,6 +1051,13 @@ func (x *GetReplicaInfoResponse) GetCodesHeld() uint32 {
 		return x.CodesHeld
 	}
 	return 0
+}
+
+func (x *GetReplicaInfoResponse) GetSharedPath() bool {
+	if x != nil {
+		return x.SharedPath
+	}
+	return false
 }
 
 var File_range_proto protoreflect.FileDescriptor
@@ -1105,12 +1117,14 @@ const file_range_proto_rawDesc = "" +
 	"\x14AllocateSharedResult\x124\n" +
 	"\x03run\x18\x01 \x01(\v2\".idrange.v1.AllocateSharedResponseR\x03run\x12*\n" +
 	"\x06status\x18\x02 \x01(\v2\x12.google.rpc.StatusR\x06status\"\x17\n" +
-	"\x15GetReplicaInfoRequest\"v\n" +
+	"\x15GetReplicaInfoRequest\"\x97\x01\n" +
 	"\x16GetReplicaInfoResponse\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12%\n" +
 	"\x0eshared_clients\x18\x02 \x01(\rR\rsharedClients\x12\x1d\n" +
 	"\n" +
-	"codes_held\x18\x03 \x01(\rR\tcodesHeld2\x8c\x06\n" +
+	"codes_held\x18\x03 \x01(\rR\tcodesHeld\x12\x1f\n" +
+	"\vshared_path\x18\x04 \x01(\bR\n" +
+	"sharedPath2\x8c\x06\n" +
 	"\fRangeService\x12Q\n" +
 	"\fAcquireLease\x12\x1f.idrange.v1.AcquireLeaseRequest\x1a .idrange.v1.AcquireLeaseResponse\x12K\n" +
 	"\n" +

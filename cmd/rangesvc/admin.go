@@ -258,9 +258,11 @@ type replicaJSON struct {
 	// holds (MintBatch, Next, HTTP and the shared path carve from it) and
 	// the distinct shared-path clients it granted a run in the last minute.
 	// Absent when GetReplicaInfo did not answer.
-	CodesHeld     *int   `json:"codes_held,omitempty"`
-	SharedClients *int   `json:"shared_clients,omitempty"`
-	Error         string `json:"error,omitempty"`
+	CodesHeld     *int `json:"codes_held,omitempty"`
+	SharedClients *int `json:"shared_clients,omitempty"`
+	// SharedPath: the replica serves the shared path (AllocateShared).
+	SharedPath *bool  `json:"shared_path,omitempty"`
+	Error      string `json:"error,omitempty"`
 }
 
 type memberJSON struct {
@@ -378,8 +380,8 @@ func (a *adminRun) replicas(ctx context.Context) []replicaJSON {
 			if err != nil {
 				r.Error = rpcMessage(err)
 			} else {
-				reg, held, shared := int(info.GetRegion()), int(info.GetCodesHeld()), int(info.GetSharedClients())
-				r.Region, r.CodesHeld, r.SharedClients = &reg, &held, &shared
+				reg, held, shared, on := int(info.GetRegion()), int(info.GetCodesHeld()), int(info.GetSharedClients()), info.GetSharedPath()
+				r.Region, r.CodesHeld, r.SharedClients, r.SharedPath = &reg, &held, &shared, &on
 			}
 			out[i] = r
 		})
@@ -473,11 +475,22 @@ func (a *adminRun) status(ctx context.Context) error {
 }
 
 func replicaRows(w io.Writer, reps []replicaJSON) {
-	fmt.Fprintln(w, "REPLICA\tREGION\tHEALTH\tCODES HELD\tSHARED CLIENTS\tERROR")
+	fmt.Fprintln(w, "REPLICA\tREGION\tHEALTH\tCODES HELD\tSHARED PATH\tSHARED CLIENTS\tERROR")
 	for _, r := range reps {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Target, intOrDash(r.Region), r.Health,
-			intOrDash(r.CodesHeld), intOrDash(r.SharedClients), r.Error)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Target, intOrDash(r.Region), r.Health,
+			intOrDash(r.CodesHeld), onOff(r.SharedPath), intOrDash(r.SharedClients), r.Error)
 	}
+}
+
+// onOff prints an optional switch ("-": not reported).
+func onOff(v *bool) string {
+	switch {
+	case v == nil:
+		return "-"
+	case *v:
+		return "on"
+	}
+	return "off"
 }
 
 // intOrDash prints an optional count ("-": not reported).

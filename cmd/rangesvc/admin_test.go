@@ -512,8 +512,15 @@ func TestAdminStatusSharedPath(t *testing.T) {
 	if st.HeldCodes != 1 || st.FreeCodes != 255 {
 		t.Fatalf("status: %d held, %d free codes; want 1 held (the replica's minter), 255 free", st.HeldCodes, st.FreeCodes)
 	}
-	out := adminTable(t, []string{"CODES HELD", "SHARED CLIENTS"}, "status", "--target", targets)
-	for i, want := range [][]string{{rs[0].Addr(), "1", "SERVING", "1", fmt.Sprint(clients)}, {rs[1].Addr(), "1", "SERVING", "0", "0"}} {
+	// The replica without a minter has nothing to carve from: its shared
+	// path is off.
+	for i, want := range []bool{true, false} {
+		if r := st.Replicas[i]; r.SharedPath == nil || *r.SharedPath != want {
+			t.Fatalf("replica %s: shared path %v, want %v", r.Target, r.SharedPath, want)
+		}
+	}
+	out := adminTable(t, []string{"CODES HELD", "SHARED PATH", "SHARED CLIENTS"}, "status", "--target", targets)
+	for i, want := range [][]string{{rs[0].Addr(), "1", "SERVING", "1", "on", fmt.Sprint(clients)}, {rs[1].Addr(), "1", "SERVING", "0", "off", "0"}} {
 		if got := tableRow(out, rs[i].Addr()); !slices.Equal(got, want) {
 			t.Errorf("status table: replica row %q, want %q:\n%s", got, want, out)
 		}

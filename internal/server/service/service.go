@@ -668,6 +668,9 @@ func (s *Service) GetReplicaInfo(ctx context.Context, _ *idrangev1.GetReplicaInf
 		resp = &idrangev1.GetReplicaInfoResponse{Region: uint32(s.cfg.Region), CodesHeld: uint32(s.codesHeld())}
 		if s.shared != nil {
 			resp.SharedClients = uint32(s.shared.clientCount())
+			s.mu.Lock()
+			resp.SharedPath = s.minter != nil
+			s.mu.Unlock()
 		}
 		return nil
 	})
