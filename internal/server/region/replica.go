@@ -89,8 +89,10 @@ type ReplicaConfig struct {
 	// mutual TLS.
 	AllowedIdentities, AdminIdentities []authz.Pattern
 	// Next, if set, serves the Next RPC with a minter opened on the first
-	// call (service.LazyMinter) and closed by Stop. nil: Next answers
-	// Unimplemented until Service().SetMinter.
+	// call (service.LazyMinter), or at Serve when the shared path is on
+	// (SharedRate not negative: the shared path carves from its code), and
+	// closed by Stop. nil: Next answers Unimplemented until
+	// Service().SetMinter.
 	Next NextFunc
 	// Logger receives store and service logs. Default: discard.
 	Logger *slog.Logger
@@ -394,8 +396,44 @@ func (r *Replica) Serve(lis net.Listener) <-chan error {
 		wg.Go(func() { r.ident.runRegistry(ctx) })
 	}
 	wg.Go(func() { r.svc.Run(ctx) })
+	if r.minter != nil && r.cfg.SharedRate >= 0 {
+		wg.Go(func() { r.openMinter(ctx) })
+	}
 	go func() { wg.Wait(); close(r.done) }()
 	return errc
+}
+
+// Minter opening at start: each attempt's bound, and the longest wait
+// between attempts.
+const (
+	minterOpenTimeout = 10 * time.Second
+	minterRetryMax    = 30 * time.Second
+)
+
+// openMinter opens the Next minter at start when the shared path is on,
+// retrying until it succeeds or the replica stops: the shared path carves
+// from the minter's code, and a minter opened on the first call would find
+// no code free once clients hold them all (the shared path is for exactly
+// then).
+func (r *Replica) openMinter(ctx context.Context) {
+	wait := time.Second
+	for {
+		octx, cancel := context.WithTimeout(ctx, minterOpenTimeout)
+		err := r.minter.Open(octx)
+		cancel()
+		if err == nil || ctx.Err() != nil || errors.Is(err, service.ErrMinterClosed) {
+			return
+		}
+		r.cfg.Logger.Warn("replica: cannot open the minter the shared path carves from; retrying", "err", err, "retry_in", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		wait = min(2*wait, minterRetryMax)
+	}
 }
 
 // Stop reports NOT_SERVING, stops accepting RPCs and lets in-flight ones

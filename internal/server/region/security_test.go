@@ -397,7 +397,9 @@ func TestNextMinterLeaseHasNoCallerIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := identityMinter{opened: make(chan string, 1)}
-	rep, err := region.NewReplica(region.ReplicaConfig{Region: 1, Etcd: s.r.Client(), TLS: tc, Next: m.open, InitRegion: true})
+	// The shared path off: the minter opens on the first call (with the
+	// shared path on it opens at Serve, TestSharedPathOpensMinterAtStart).
+	rep, err := region.NewReplica(region.ReplicaConfig{Region: 1, Etcd: s.r.Client(), TLS: tc, Next: m.open, InitRegion: true, SharedRate: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -418,5 +420,39 @@ func TestNextMinterLeaseHasNoCallerIdentity(t *testing.T) {
 	}
 	if id := <-m.opened; id != "" {
 		t.Fatalf("the Next minter was opened with caller identity %q; want none", id)
+	}
+}
+
+// With the shared path on, a replica opens its Next minter when it starts
+// serving, before any call: the shared path carves from the minter's code,
+// which must be held before clients can take every code of the region.
+func TestSharedPathOpensMinterAtStart(t *testing.T) {
+	s := startSecureRegion(t)
+	tc, err := tlsfiles.Files{Cert: s.srv.Cert, Key: s.srv.Key, CA: s.caFile}.ServerConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := identityMinter{opened: make(chan string, 1)}
+	rep, err := region.NewReplica(region.ReplicaConfig{Region: 1, Etcd: s.r.Client(), TLS: tc, Next: m.open, InitRegion: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep.Serve(lis)
+	defer rep.Stop(0)
+	select {
+	case id := <-m.opened:
+		if id != "" {
+			t.Fatalf("the minter was opened with identity %q; want the replica's own (none)", id)
+		}
+	case <-ctxT(t).Done():
+		t.Fatal("the minter was not opened at start with the shared path on")
+	}
+	info, err := rep.Service().GetReplicaInfo(ctxT(t), &idrangev1.GetReplicaInfoRequest{})
+	if err != nil || !info.GetSharedPath() || info.GetCodesHeld() != 1 {
+		t.Fatalf("replica info %v, %v: want the shared path on and 1 code held", info, err)
 	}
 }

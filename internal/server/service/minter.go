@@ -20,8 +20,9 @@ type MinterCloser interface {
 var ErrMinterClosed = errors.New("service: minter closed")
 
 // LazyMinter opens its MinterCloser on first use, so a replica takes a
-// worker code for MintBatch and Next only if somebody calls them. A failed
-// open is returned to that caller and retried by the next one.
+// worker code for MintBatch and Next only if somebody calls them (or, with
+// the shared path on, at start: Open). A failed open is returned to that
+// caller and retried by the next one.
 type LazyMinter struct {
 	open func(ctx context.Context) (MinterCloser, error)
 
@@ -59,6 +60,14 @@ func (l *LazyMinter) get(ctx context.Context) (MinterCloser, error) {
 	}
 	l.m = m
 	return m, nil
+}
+
+// Open opens the minter now if it is not open yet: a replica serving the
+// shared path does so at start, so it holds a code to carve from before
+// clients can take every code of the region.
+func (l *LazyMinter) Open(ctx context.Context) error {
+	_, err := l.get(ctx)
+	return err
 }
 
 // opened reports whether the minter was opened (and not closed).
