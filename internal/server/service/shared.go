@@ -51,6 +51,8 @@ const (
 	// sharedUsageWindow is the time constant of the per-identity rate that
 	// shared_usage_ratio reports.
 	sharedUsageWindow = 10 * time.Second
+	// sharedLogEvery spaces the log lines about refusals over the rate.
+	sharedLogEvery = time.Minute
 	// sharedPruneEvery spaces the walks over the client_ids (up to
 	// maxSharedClients of them, under the limiter's lock).
 	sharedPruneEvery = 5 * time.Second
@@ -66,6 +68,9 @@ type sharedLimiter struct {
 	clients map[string]time.Time // client_id -> service time of its last grant
 	last    time.Time            // last sweep
 	pruned  time.Time            // last walk over clients
+
+	refused  int       // refusals over the rate since the last log line
+	loggedAt time.Time // service time of the last log line about them
 }
 
 type sharedBucket struct {
@@ -98,6 +103,21 @@ func (l *sharedLimiter) take(ident string, n int64, now time.Time) (retryAfter t
 	}
 	b.tokens -= float64(n)
 	return 0, true
+}
+
+// overRate counts a refusal over the rate at now and reports whether to log
+// it, with the refusals since the last line: at most one line per
+// sharedLogEvery, so a busy identity is visible at the default log level
+// without a line per request.
+func (l *sharedLimiter) overRate(now time.Time) (refused int, log bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.refused++
+	if !l.loggedAt.IsZero() && now.Sub(l.loggedAt) < sharedLogEvery {
+		return 0, false
+	}
+	refused, l.refused, l.loggedAt = l.refused, 0, now
+	return refused, true
 }
 
 // settle gives back the asked IDs a carve did not use and records the
@@ -268,6 +288,10 @@ func (s *Service) allocateShared(ctx context.Context, req *idrangev1.AllocateSha
 	ident := authz.IdentityFrom(ctx)
 	now := s.observe()
 	if wait, ok := s.shared.take(ident, n, now); !ok {
+		if refused, log := s.shared.overRate(now); log {
+			s.log.Info("shared path: an identity is over its rate; its clients are refused with a retry delay",
+				"identity", ident, "rate", s.shared.rate, "refused_since_last_line", refused)
+		}
 		return nil, sharedRateLimited, errors.Newf("AllocateShared: identity %q is over its shared rate %.0f IDs/s: %w",
 			ident, s.shared.rate, &segment.Backpressure{RetryAfter: wait})
 	}

@@ -70,3 +70,27 @@ func TestSharedLimiter(t *testing.T) {
 		t.Fatalf("usage %.3f after a minute at 900 of 1,000 IDs/s, want about 0.9", usage)
 	}
 }
+
+// Refusals over the rate are logged at most once per sharedLogEvery, each
+// line counting the refusals since the one before.
+func TestSharedOverRateLogSpacing(t *testing.T) {
+	l := newSharedLimiter(1000)
+	t0 := time.Unix(1_000_000, 0)
+	steps := []struct {
+		at      time.Duration
+		refused int
+		log     bool
+	}{
+		{0, 1, true},
+		{time.Second, 0, false},
+		{30 * time.Second, 0, false},
+		{sharedLogEvery, 3, true}, // the two held back and this one
+		{sharedLogEvery + time.Second, 0, false},
+	}
+	for i, s := range steps {
+		refused, log := l.overRate(t0.Add(s.at))
+		if refused != s.refused || log != s.log {
+			t.Fatalf("step %d (at %v): refused %d, log %v; want %d, %v", i, s.at, refused, log, s.refused, s.log)
+		}
+	}
+}
