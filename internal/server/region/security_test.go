@@ -387,19 +387,16 @@ func (fixedMinter) AppendN(_ context.Context, dst []snowflake.ID, n int) ([]snow
 }
 func (fixedMinter) Close() error { return nil }
 
-// The replica's own Next minter takes its lease as the replica, not as the
-// mTLS caller whose Next call happened to open it: its renewals come from
-// its background loop, with no caller, and would be refused otherwise.
-func TestNextMinterLeaseHasNoCallerIdentity(t *testing.T) {
-	s := startSecureRegion(t)
+// serveMinterReplica serves a replica of s's region over mutual TLS with
+// m as its Next minter and the given shared rate, stopped when the test
+// ends, and returns it with its address.
+func serveMinterReplica(t *testing.T, s *secureRegion, m identityMinter, sharedRate float64) (*region.Replica, string) {
+	t.Helper()
 	tc, err := tlsfiles.Files{Cert: s.srv.Cert, Key: s.srv.Key, CA: s.caFile}.ServerConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := identityMinter{opened: make(chan string, 1)}
-	// The shared path off: the minter opens on the first call (with the
-	// shared path on it opens at Serve, TestSharedPathOpensMinterAtStart).
-	rep, err := region.NewReplica(region.ReplicaConfig{Region: 1, Etcd: s.r.Client(), TLS: tc, Next: m.open, InitRegion: true, SharedRate: -1})
+	rep, err := region.NewReplica(region.ReplicaConfig{Region: 1, Etcd: s.r.Client(), TLS: tc, Next: m.open, InitRegion: true, SharedRate: sharedRate})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -408,8 +405,20 @@ func TestNextMinterLeaseHasNoCallerIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	rep.Serve(lis)
-	defer rep.Stop(0)
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(
+	t.Cleanup(func() { rep.Stop(0) })
+	return rep, lis.Addr().String()
+}
+
+// The replica's own Next minter takes its lease as the replica, not as the
+// mTLS caller whose Next call happened to open it: its renewals come from
+// its background loop, with no caller, and would be refused otherwise.
+func TestNextMinterLeaseHasNoCallerIdentity(t *testing.T) {
+	s := startSecureRegion(t)
+	m := identityMinter{opened: make(chan string, 1)}
+	// The shared path off: the minter opens on the first call (with the
+	// shared path on it opens at Serve, TestSharedPathOpensMinterAtStart).
+	_, addr := serveMinterReplica(t, s, m, -1)
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(
 		credentials.NewTLS(s.clientTLS(t, s.ca, testpki.Identity{CN: "minter-next"}))))
 	if err != nil {
 		t.Fatal(err)
@@ -428,21 +437,8 @@ func TestNextMinterLeaseHasNoCallerIdentity(t *testing.T) {
 // which must be held before clients can take every code of the region.
 func TestSharedPathOpensMinterAtStart(t *testing.T) {
 	s := startSecureRegion(t)
-	tc, err := tlsfiles.Files{Cert: s.srv.Cert, Key: s.srv.Key, CA: s.caFile}.ServerConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
 	m := identityMinter{opened: make(chan string, 1)}
-	rep, err := region.NewReplica(region.ReplicaConfig{Region: 1, Etcd: s.r.Client(), TLS: tc, Next: m.open, InitRegion: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep.Serve(lis)
-	defer rep.Stop(0)
+	rep, _ := serveMinterReplica(t, s, m, 0)
 	select {
 	case id := <-m.opened:
 		if id != "" {

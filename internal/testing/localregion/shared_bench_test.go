@@ -18,19 +18,10 @@ import (
 // replica. It reports the grant latency percentiles and grants/s; no etcd
 // write is made per grant.
 //
-//	go test ./internal/server/region -run '^$' -bench AllocateShared -benchtime 20000x
+//	go test ./internal/testing/localregion -run '^$' -bench AllocateShared -benchtime 20000x
 func BenchmarkAllocateShared(b *testing.B) {
 	ctx := context.Background()
-	r, err := Start(ctx, Config{Region: 1, NextMinter: rangeclientMinter})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer r.Close()
-	stop, err := r.EnableNext(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer stop()
+	r := startShared(b, ctx, Config{Region: 1})
 	cc := dialTest(b, r.Addr())
 	a := wire.NewAllocator(cc).(segment.SharedAllocator)
 	txns := r.Counts().Txns

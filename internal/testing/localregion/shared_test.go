@@ -153,6 +153,24 @@ func TestAllocateSharedOverGRPC(t *testing.T) {
 	}
 }
 
+// startShared starts a region of cfg with its Next minter on (the shared
+// path carves from it), both stopped when the test ends.
+func startShared(tb testing.TB, ctx context.Context, cfg Config) *Region {
+	tb.Helper()
+	cfg.NextMinter = rangeclientMinter
+	r, err := Start(ctx, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { r.Close() })
+	stop, err := r.EnableNext(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { stop() })
+	return r
+}
+
 // dialTest connects to addr (insecure, loopback) until the test ends.
 func dialTest(t testing.TB, addr string) *grpc.ClientConn {
 	t.Helper()
@@ -176,21 +194,12 @@ func counterValue(t testing.TB, c prometheus.Collector) float64 {
 func TestAllocateSharedRateLimit(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	r, err := Start(ctx, Config{Region: 1, NextMinter: rangeclientMinter, SharedRate: 1000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	stop, err := r.EnableNext(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
+	r := startShared(t, ctx, Config{Region: 1, SharedRate: 1000})
 	a := wire.NewAllocator(dialTest(t, r.Addr())).(segment.SharedAllocator)
 	if _, err := a.AllocateShared(ctx, 1, 800, 0, "c"); err != nil {
 		t.Fatal(err)
 	}
-	_, err = a.AllocateShared(ctx, 1, 800, 0, "c")
+	_, err := a.AllocateShared(ctx, 1, 800, 0, "c")
 	var bp *segment.Backpressure
 	if !errors.As(err, &bp) || bp.RetryAfter <= 0 || bp.RetryAfter > time.Second || status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("800 more of a 1,000 IDs/s bound at once: %v, want backpressure with a retry delay", err)
@@ -203,16 +212,7 @@ func TestAllocateSharedRateLimit(t *testing.T) {
 		t.Fatalf("shared_rate_limit = %v, want 1000", got)
 	}
 
-	off, err := Start(ctx, Config{Region: 1, Etcd: r.Etcd(), NextMinter: rangeclientMinter, SharedRate: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer off.Close()
-	stopOff, err := off.EnableNext(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stopOff()
+	off := startShared(t, ctx, Config{Region: 1, Etcd: r.Etcd(), SharedRate: -1})
 	b := wire.NewAllocator(dialTest(t, off.Addr())).(segment.SharedAllocator)
 	if _, err := b.AllocateShared(ctx, 1, 10, 0, "c"); status.Code(err) != codes.Unimplemented {
 		t.Fatalf("AllocateShared with the shared path off: %v, want Unimplemented", err)
@@ -230,16 +230,7 @@ func TestAllocateSharedRateLimit(t *testing.T) {
 func TestAllocateSharedBatchOverGRPC(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	r, err := Start(ctx, Config{Region: 1, NextMinter: rangeclientMinter, SharedRate: 1000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	stop, err := r.EnableNext(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
+	r := startShared(t, ctx, Config{Region: 1, SharedRate: 1000})
 	rpc := idrangev1.NewRangeServiceClient(dialTest(t, r.Addr()))
 	reqs := []*idrangev1.AllocateSharedRequest{
 		{Count: 300, ClientId: "a"},
