@@ -189,14 +189,15 @@ func RunOn(ctx context.Context, env *Env, cfg Config) (*Report, error) {
 	for _, a := range f.allocs {
 		a.reset()
 	}
-	if cfg.CPUProfile != nil {
-		if err := pprof.StartCPUProfile(cfg.CPUProfile); err != nil {
-			return nil, errors.Wrap(err, "bench: CPU profile")
-		}
+	prof, err := startRoleProfile(cfg.CPUProfile)
+	if err != nil {
+		return nil, err
 	}
 	ls := rep.runPaced(ctx, cfg, env, workers, checker, begin, cpu0, base)
-	if cfg.CPUProfile != nil {
-		pprof.StopCPUProfile()
+	if prof != nil {
+		if rep.CPUByRole, err = prof.stop(); err != nil {
+			return nil, err
+		}
 	}
 	if h != nil {
 		res := h.stop()

@@ -360,6 +360,8 @@ func TestManyClientsFleet(t *testing.T) {
 		t.Errorf("%d shared grants timed by the workers, %d served", back.GrantLatency[sharedMethod].Count, back.SharedGrants)
 	case back.EtcdTxnsPerSec <= 0:
 		t.Errorf("etcd Txns/s %v: the dedicated workers' grants were not counted", back.EtcdTxnsPerSec)
+	case len(back.CPUByRole) == 0:
+		t.Errorf("no CPU by part: the paced run was not profiled")
 	}
 	// Every worker's region, including the shared ones': the shared runs
 	// come from the region's own minter, one code more than the workers'.

@@ -49,6 +49,13 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		100*r.ScheduleKept, f.TargetRate*time.Duration(f.Duration).Seconds(), (time.Duration(r.Elapsed) - time.Duration(f.Duration)).Round(time.Millisecond))
 	row("IDs minted", "%d in %v (%d of them in bursts; %s IDs/s in all)", r.IDs, time.Duration(r.Elapsed).Round(time.Millisecond), r.BurstIDs, measure.SI(r.TotalRate))
 	row("CPU used by this process", "%.2f cores (of %d; the host's load average was %s at start)", r.CPUCores, r.Machine.NumCPU, r.Machine.LoadAvg)
+	if len(r.CPUByRole) > 0 {
+		var parts []string
+		for _, role := range []string{"replica", "etcd", "client", "pacer", "other"} {
+			parts = append(parts, fmt.Sprintf("%s %.2f", role, r.CPUByRole[role]))
+		}
+		row("CPU by part (sampled; replica = the range service, pacer = the load generator)", "%s cores", strings.Join(parts, " · "))
+	}
 	if r.HogProblem != "" {
 		row("CPU hog", "**%s**", r.HogProblem)
 	}

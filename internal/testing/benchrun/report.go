@@ -28,6 +28,11 @@ type Report struct {
 	// (workers, clients, services and etcd all live in this process; a CPU
 	// hog child is not counted).
 	CPUCores float64 `json:"cpu_cores"`
+	// CPUByRole is CPUCores by part (sampled by the CPU profile of the
+	// paced run, cpurole.go): replica (the range services), client (the
+	// rangeclients), pacer (the workers minting and keeping every ID),
+	// etcd, other. Empty when the profile could not be taken.
+	CPUByRole map[string]float64 `json:"cpu_by_role,omitempty"`
 	// HogCPUCores is the CPU hog child's CPU time over its lifetime (a
 	// little longer than the paced run), when Fleet.CPUHog > 0: how much
 	// of the machine it actually took.
