@@ -416,7 +416,6 @@ func (c *Client) reserveSlow(ctx context.Context, n int64) (*block, int64, int64
 		}
 	}
 	for {
-		ch, rerr := c.waitState()
 		if c.closed.Load() {
 			return nil, 0, 0, ErrClosed
 		}
@@ -425,6 +424,12 @@ func (c *Client) reserveSlow(ctx context.Context, n int64) (*block, int64, int64
 		if err := l.err(now); err != nil {
 			if errors.Is(err, ErrClosed) {
 				return nil, 0, 0, err
+			}
+			// Read the state channel, then check again: a new lease
+			// installed in between closed the channel read before it.
+			ch, _ := c.waitState()
+			if c.lease.Load() != l {
+				continue
 			}
 			// The lease loop replaces a lost or fenced lease by itself;
 			// tell it a caller waits, so it retries sooner.
@@ -443,6 +448,14 @@ func (c *Client) reserveSlow(ctx context.Context, n int64) (*block, int64, int64
 				}
 			}
 			c.rotate(b)
+			continue
+		}
+		// No block: read the state channel, then check again (a block
+		// installed in between closed the channel read before it). The
+		// rotation above needs neither, so switching to the next block
+		// takes the mutex once.
+		ch, rerr := c.waitState()
+		if c.cur.Load() != nil {
 			continue
 		}
 		if rerr != nil && isFinalRefillError(rerr) {
@@ -504,7 +517,12 @@ func (c *Client) rotate(b *block) {
 		return
 	}
 	c.normalizeLocked(c.now())
-	c.kickRefill()
+	// A shared run promoted from next needs no wake-up: its own prefetch
+	// point asks for the one after it (sharedKickAt), and this Next
+	// would otherwise pay a goroutine wake-up once per run.
+	if nc := c.cur.Load(); nc == nil || nc.offset != denseOffset {
+		c.kickRefill()
+	}
 }
 
 // usable reports whether b can still mint under the current lease l.
