@@ -2,6 +2,7 @@ package rangeclient
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -46,13 +47,15 @@ func afterL(after snowflake.ID, base int64) int64 {
 // carve takes a shared run for r from the client's current block with the
 // same compare-and-swap Next uses: each position goes to one caller. (A
 // client with several codes carves from its first.) It waits within ctx
-// only while the client has no usable block or lease at all; a run that
-// cannot be carved from the current block (r.After beyond its end, the
-// lead, the lease's deadline) is refused at once with an error wrapping
-// segment.ErrUnavailable.
+// only while the client has no usable block or lease at all. A run that
+// cannot be carved from the current block because it ends (its validity
+// or its lease's deadline) within r.MinLife is carved from the buffered
+// next block, made current first (promoteEarly); a run that cannot be
+// carved otherwise (no next block, r.After beyond the current block, the
+// lead) is refused at once with an error wrapping segment.ErrUnavailable.
 //
-// It never takes from the buffered next block: that one must stay
-// untouched so the reserve can be merged into it (merge), or every
+// It never takes from the next block while it is buffered: that one must
+// stay untouched so the reserve can be merged into it (merge), or every
 // reserve grant after such a carve would be dropped and asked again.
 func (c *Client) carve(ctx context.Context, r carve.Request) (segment.Block, error) {
 	for {
@@ -67,8 +70,14 @@ func (c *Client) carve(ctx context.Context, r carve.Request) (segment.Block, err
 				return segment.Block{}, fmt.Errorf("rangeclient: carve: the minter is on the shared path itself: %w", carve.ErrNotCarver)
 			}
 			sb, ok, err := c.carveFrom(cur, l, now, r)
-			if ok || err != nil {
-				return sb, err
+			if ok {
+				return sb, nil
+			}
+			if errors.Is(err, errNearEnd) && c.promoteEarly(cur) {
+				continue
+			}
+			if err != nil {
+				return segment.Block{}, err
 			}
 			return segment.Block{}, fmt.Errorf("rangeclient: carve: no position after ID %d in the current block [%d,%d) of code %d/%d: %w",
 				r.After, cur.lo, cur.hi, l.seg.Region, l.seg.Worker, segment.ErrUnavailable)
@@ -94,6 +103,32 @@ func (c *Client) carve(ctx context.Context, r carve.Request) (segment.Block, err
 	}
 }
 
+// errNearEnd marks a carve refused because the block ends (or its lease's
+// safety deadline comes) within the run's least life.
+var errNearEnd = errors.New("near the end of the block")
+
+// promoteEarly makes the buffered next block current before cur ends, when
+// there is one under the same lease: a carve refused near cur's end is
+// then carved from the next block instead of refused, which every shared
+// client asking in the last MinLife of each of the minter's blocks would
+// otherwise be, and would stall on. What cur
+// had left is a gap, like the rest of any block the clock passed. It
+// reports whether it promoted.
+func (c *Client) promoteEarly(cur *block) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	nx := c.next.Load()
+	if c.cur.Load() != cur || nx == nil || nx.lease != cur.lease || !c.usable(nx, nx.lease, c.now()) {
+		return false
+	}
+	c.cur.Store(nx)
+	c.next.Store(nil)
+	c.retireLocked(cur)
+	c.broadcastLocked()
+	c.kickRefill()
+	return true
+}
+
 // carveFrom carves r from b at local instant now; ok is false when b has
 // no position at or after where the run must start.
 func (c *Client) carveFrom(b *block, l *leaseState, now int64, r carve.Request) (_ segment.Block, ok bool, _ error) {
@@ -106,8 +141,8 @@ func (c *Client) carveFrom(b *block, l *leaseState, now int64, r carve.Request) 
 	svcNow := now + b.offset // service ns since the epoch
 	stop := b.stop.Load() + b.offset
 	if stop-svcNow <= int64(r.MinLife) {
-		return segment.Block{}, false, fmt.Errorf("rangeclient: carve: the minter's code %d/%d may be used for %v more, less than %v: %w",
-			l.seg.Region, l.seg.Worker, time.Duration(max(stop-svcNow, 0)), r.MinLife, segment.ErrUnavailable)
+		return segment.Block{}, false, fmt.Errorf("rangeclient: carve: the minter's code %d/%d may be used for %v more, less than %v: %w: %w",
+			l.seg.Region, l.seg.Worker, time.Duration(max(stop-svcNow, 0)), r.MinLife, errNearEnd, segment.ErrUnavailable)
 	}
 	first, k, ok := b.takeFrom(tl, r.N)
 	if !ok {

@@ -196,6 +196,42 @@ func TestCarveRefusedNearLeaseDeadline(t *testing.T) {
 	})
 }
 
+// Near the end of the minter's current block (its validity, not the
+// lease), a carve is served from the buffered next block, made current,
+// instead of refused: otherwise every shared client asking in the last
+// MinLife of each block would be refused and stall.
+func TestCarveNearBlockEndUsesTheNextBlock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc := fakeService(10 * time.Second)
+		m := newTestClient(t, svc.Conn(), func(c *Config) { c.Codes = 1; c.MaxReserve = -1 })
+		for i := 0; m.next.Load() == nil; i++ {
+			if i == 100 {
+				t.Fatal("no next block buffered after 1 s")
+			}
+			m.kickRefill()
+			time.Sleep(10 * time.Millisecond)
+		}
+		cur := m.cur.Load()
+		if wait := time.Duration(cur.stop.Load()-m.now()) - 50*time.Millisecond; wait > 0 {
+			time.Sleep(wait) // 50 ms left: under MinLife (100 ms)
+		}
+		if m.cur.Load() != cur {
+			t.Fatal("the current block changed before its end")
+		}
+		nx := m.next.Load()
+		if nx == nil {
+			t.Fatal("no next block buffered at the end of the current one")
+		}
+		b, err := m.carve(context.Background(), sharedRequest(100, 0))
+		if err != nil {
+			t.Fatalf("carve 50 ms before the block's end with a next block buffered: %v", err)
+		}
+		if b.Lo < nx.lo || b.Hi > nx.hi || m.cur.Load() != nx {
+			t.Fatalf("run [%d,%d) not from the next block [%d,%d), or that block not made current", b.Lo, b.Hi, nx.lo, nx.hi)
+		}
+	})
+}
+
 // A carve whose after_id is further ahead of the clock than MaxLead is
 // refused, and so is one beyond the current block (the buffered next block
 // is never carved from: the reserve merges into it); one inside the
