@@ -47,8 +47,10 @@ const (
 	// sharedKickShare: Next asks for the next run once this share of the
 	// current one is left at the latest, whatever the measured rate, so
 	// a client that mints in bursts (a batch of work at a time) does not
-	// run past the end of a run before the next one arrives.
-	sharedKickShare = 0.25
+	// run past the end of a run before the next one arrives. Half: the
+	// 10,000-client bench stalled on 0.26% of its calls at a quarter and
+	// 0.06% at half, for 10% more requests.
+	sharedKickShare = 0.5
 	sharedLeadMax   = 200 * time.Millisecond
 	// sharedIdle: a shared client that has not minted for this long lets
 	// its run expire instead of asking for another; its next Next waits
