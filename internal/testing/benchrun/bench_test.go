@@ -358,8 +358,12 @@ func TestManyClientsFleet(t *testing.T) {
 		t.Errorf("%d shared workers and %d dedicated ones minted nothing", back.Verify.IdleSharedWorkers, len(back.Verify.MissingCodes))
 	case back.GrantLatency[sharedMethod].Count == 0 || back.GrantLatency[sharedMethod].Count > back.SharedGrants:
 		t.Errorf("%d shared grants timed by the workers, %d served", back.GrantLatency[sharedMethod].Count, back.SharedGrants)
-	case back.EtcdTxnsPerSec <= 0:
-		t.Errorf("etcd Txns/s %v: the dedicated workers' grants were not counted", back.EtcdTxnsPerSec)
+	case back.ServerLatency["AllocateBlock"].Count > 0 && back.EtcdTxnsPerSec <= 0:
+		// Blocks granted in the window are etcd Txns; in 1.5 s the
+		// dedicated workers may need none (their first blocks can last),
+		// so only a grant without a Txn is an error.
+		t.Errorf("%d AllocateBlock calls but etcd Txns/s %v: the dedicated workers' grants were not counted",
+			back.ServerLatency["AllocateBlock"].Count, back.EtcdTxnsPerSec)
 	case len(back.CPUByRole) == 0:
 		t.Errorf("no CPU by part: the paced run was not profiled")
 	}
