@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"connectrpc.com/vanguard"
@@ -147,7 +148,7 @@ func checkHTTPCount(u *url.URL) string {
 	}
 	n, err := strconv.ParseInt(vs[0], 10, 64)
 	switch {
-	case errors.Is(err, strconv.ErrRange):
+	case errors.Is(err, strconv.ErrRange) && isDecimal(vs[0]):
 		return fmt.Sprintf("count: %s not in 1..%d", clip(vs[0]), service.MaxMintBatch)
 	case err != nil:
 		return fmt.Sprintf("count: %q is not an integer; %s", clip(vs[0]), want)
@@ -155,6 +156,17 @@ func checkHTTPCount(u *url.URL) string {
 	q.Set("count", strconv.FormatInt(n, 10))
 	u.RawQuery = q.Encode()
 	return ""
+}
+
+// isDecimal reports whether s is an optional sign and decimal digits only:
+// strconv reports ErrRange for a number too large for int64 before it
+// looks at what follows it ("20000000000000000000\n"), and only a plain
+// number may be quoted unquoted in a one-line message.
+func isDecimal(s string) bool {
+	if s != "" && (s[0] == '+' || s[0] == '-') {
+		s = s[1:]
+	}
+	return s != "" && strings.Trim(s, "0123456789") == ""
 }
 
 // clip shortens what a caller sent to at most 40 bytes for an error
