@@ -111,9 +111,8 @@ var errNearEnd = errors.New("near the end of the block")
 // there is one under the same lease: a carve refused near cur's end is
 // then carved from the next block instead of refused, which every shared
 // client asking in the last MinLife of each of the minter's blocks would
-// otherwise be, and would stall on. What cur
-// had left is a gap, like the rest of any block the clock passed. It
-// reports whether it promoted.
+// otherwise be, and would stall on. What cur had left is a gap, like the
+// rest of any block the clock passed. It reports whether it promoted.
 func (c *Client) promoteEarly(cur *block) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -121,9 +120,7 @@ func (c *Client) promoteEarly(cur *block) bool {
 	if c.cur.Load() != cur || nx == nil || nx.lease != cur.lease || !c.usable(nx, nx.lease, c.now()) {
 		return false
 	}
-	c.cur.Store(nx)
-	c.next.Store(nil)
-	c.retireLocked(cur)
+	c.promoteLocked()
 	c.broadcastLocked()
 	c.kickRefill()
 	return true

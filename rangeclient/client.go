@@ -539,19 +539,25 @@ func (c *Client) normalizeLocked(now int64) {
 		if cur != nil && c.usable(cur, l, now) {
 			break
 		}
-		nx := c.next.Load()
-		if cur == nil && nx == nil {
+		if cur == nil && c.next.Load() == nil {
 			return
 		}
-		c.cur.Store(nx)
-		c.next.Store(nil)
-		if cur != nil {
-			c.retireLocked(cur)
-		}
+		c.promoteLocked()
 	}
 	if nx := c.next.Load(); nx != nil && !c.usable(nx, l, now) {
 		c.next.Store(nil)
 		c.retireLocked(nx)
+	}
+}
+
+// promoteLocked makes the buffered next block (nil: none) current and
+// retires the current one.
+func (c *Client) promoteLocked() {
+	cur := c.cur.Load()
+	c.cur.Store(c.next.Load())
+	c.next.Store(nil)
+	if cur != nil {
+		c.retireLocked(cur)
 	}
 }
 

@@ -44,6 +44,7 @@ const (
 	// never so early that the next run's validity is half spent when it
 	// starts (a slow service then costs stalls, not twice the requests).
 	sharedLeadMin = 20 * time.Millisecond
+	sharedLeadMax = 200 * time.Millisecond
 	// sharedKickShare: Next asks for the next run once this share of the
 	// current one is left at the latest, whatever the measured rate, so
 	// a client that mints in bursts (a batch of work at a time) does not
@@ -51,7 +52,6 @@ const (
 	// 10,000-client bench stalled on 0.26% of its calls at a quarter and
 	// 0.06% at half, for 10% more requests.
 	sharedKickShare = 0.5
-	sharedLeadMax   = 200 * time.Millisecond
 	// sharedIdle: a shared client that has not minted for this long lets
 	// its run expire instead of asking for another; its next Next waits
 	// for one round trip. It is shorter than a run's validity, so a client
@@ -171,7 +171,8 @@ func (c *Client) sharedCount() int {
 
 // sharedKickAt is the cursor position of b at which the hot path asks for
 // the next run: sharedLead's worth of IDs at the measured rate before b's
-// end (the ID-count form of the lead planShared uses).
+// end (the ID-count form of the lead planShared uses), or sharedKickShare
+// of b before it if that is more.
 func (c *Client) sharedKickAt(b *block) int64 {
 	n := float64(b.hi - b.lo)
 	ids := max(c.pol.ratePerSec()*c.sharedLead().Seconds(), sharedKickShare*n, 1)
