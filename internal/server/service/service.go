@@ -440,14 +440,7 @@ func (s *Service) rpc(ctx context.Context, method string, f func(ctx context.Con
 	serr := wire.ToStatus(err)
 	code := status.Code(serr)
 	s.metrics.Errors.WithLabelValues(method, code.String()).Inc()
-	lvl := slog.LevelWarn
-	switch code {
-	case codes.InvalidArgument, codes.ResourceExhausted, codes.Canceled, codes.Unimplemented:
-		lvl = slog.LevelDebug
-	case codes.DataLoss, codes.Internal:
-		lvl = slog.LevelError
-	}
-	s.log.Log(ctx, lvl, "rpc failed", "method", method, "code", code.String(), "err", err)
+	s.log.Log(ctx, logLevel(code), "rpc failed", "method", method, "code", code.String(), "err", err)
 	return serr
 }
 

@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"log/slog"
 	"math"
 	"sync"
 	"time"
@@ -215,14 +214,14 @@ func (s *Service) AllocateSharedBatch(ctx context.Context, req *idrangev1.Alloca
 			return invalid("requests: %d not in 1..%d", len(reqs), wire.MaxSharedBatch)
 		}
 		resp = &idrangev1.AllocateSharedBatchResponse{Results: make([]*idrangev1.AllocateSharedResult, len(reqs))}
-		refused, first := 0, error(nil)
+		refused, first, firstCode := 0, error(nil), codes.OK
 		for i, r := range reqs {
 			run, err := s.sharedRun(ctx, r)
 			if err != nil {
 				st := status.Convert(wire.ToStatus(err))
 				s.metrics.Errors.WithLabelValues("AllocateShared", st.Code().String()).Inc()
 				if refused++; first == nil {
-					first = err
+					first, firstCode = err, st.Code()
 				}
 				resp.Results[i] = &idrangev1.AllocateSharedResult{Status: st.Proto()}
 				continue
@@ -230,11 +229,7 @@ func (s *Service) AllocateSharedBatch(ctx context.Context, req *idrangev1.Alloca
 			resp.Results[i] = &idrangev1.AllocateSharedResult{Run: run}
 		}
 		if refused > 0 {
-			lvl := slog.LevelWarn
-			if c := status.Code(wire.ToStatus(first)); c == codes.ResourceExhausted || c == codes.InvalidArgument || c == codes.Canceled {
-				lvl = slog.LevelDebug
-			}
-			s.log.Log(ctx, lvl, "shared runs refused", "method", "AllocateSharedBatch", "refused", refused, "of", len(reqs), "first", first)
+			s.log.Log(ctx, logLevel(firstCode), "shared runs refused", "method", "AllocateSharedBatch", "refused", refused, "of", len(reqs), "first", first)
 		}
 		return nil
 	})

@@ -121,7 +121,7 @@ func (c Config) withDefaults() Config {
 	if c.Tick == 0 {
 		c.Tick = min(max(DefaultTick, DefaultTick*time.Duration(c.Regions*c.Workers)/tickFleet), maxAutoTick)
 	}
-	if c.SharedRate == 0 && (c.AutoCodes || c.Workers > codesPerRegion) {
+	if c.SharedRate == 0 && c.manyClients() {
 		c.SharedRate = max(service.DefaultSharedRate, 1.5*c.Rate/float64(c.Regions))
 	}
 	if c.BurstEvery == 0 {
@@ -194,10 +194,11 @@ const codesPerRegion = snowflake.MaxWorker + 1
 
 // SharedPath reports whether the run is in the many-clients mode: the
 // replicas serve the shared path and some workers use Codes 0.
-func (c Config) SharedPath() bool {
-	c = c.withDefaults()
-	return c.AutoCodes || c.Workers > codesPerRegion
-}
+func (c Config) SharedPath() bool { return c.withDefaults().manyClients() }
+
+// manyClients is SharedPath for a Config whose Workers default is applied
+// (withDefaults uses it to pick the shared-path bound).
+func (c Config) manyClients() bool { return c.AutoCodes || c.Workers > codesPerRegion }
 
 // DedicatedWorkers is how many workers of each region hold a code of their
 // own (Codes 1): all of them up to the region's 256 codes; in the
