@@ -46,18 +46,30 @@ func afterL(after snowflake.ID, base int64) int64 {
 
 // carve takes a shared run for r from the client's current block with the
 // same compare-and-swap Next uses: each position goes to one caller. (A
-// client with several codes carves from its first.) It waits within ctx
-// only while the client has no usable block or lease at all. A run that
-// cannot be carved from the current block because it ends (its validity
-// or its lease's deadline) within r.MinLife is carved from the buffered
-// next block, made current first (promoteEarly); a run that cannot be
-// carved otherwise (no next block, r.After beyond the current block, the
-// lead) is refused at once with an error wrapping segment.ErrUnavailable.
+// client with several codes carves from its first.)
+//
+// A carve is demand, like a Next: while the client has no usable block or
+// lease, or its current block ends (its validity or its lease's deadline)
+// within r.MinLife with no next block buffered, the carve counts as a
+// waiting caller, so the refill loop asks for a block whether or not the
+// client's own Next was called lately (a replica's minter that only
+// carves would otherwise let its blocks expire after IdleTimeout and
+// never ask again), and it waits for that block within ctx. A run near the
+// current block's end is carved from the buffered next block, made current
+// first (promoteEarly). A run that cannot be carved otherwise (r.After
+// beyond the current block, the lead) is refused at once with an error
+// wrapping segment.ErrUnavailable.
 //
 // It never takes from the next block while it is buffered: that one must
 // stay untouched so the reserve can be merged into it (merge), or every
 // reserve grant after such a carve would be dropped and asked again.
 func (c *Client) carve(ctx context.Context, r carve.Request) (segment.Block, error) {
+	waiting := false
+	defer func() {
+		if waiting {
+			c.waiters.Add(-1)
+		}
+	}()
 	for {
 		ch, rerr := c.waitState()
 		if c.closed.Load() {
@@ -70,22 +82,29 @@ func (c *Client) carve(ctx context.Context, r carve.Request) (segment.Block, err
 				return segment.Block{}, fmt.Errorf("rangeclient: carve: the minter is on the shared path itself: %w", carve.ErrNotCarver)
 			}
 			sb, ok, err := c.carveFrom(cur, l, now, r)
-			if ok {
+			switch {
+			case ok:
 				return sb, nil
-			}
-			if errors.Is(err, errNearEnd) && c.promoteEarly(cur) {
-				continue
-			}
-			if err != nil {
+			case errors.Is(err, errNearEnd):
+				if c.promoteEarly(cur) {
+					continue
+				}
+				// No next block yet: wait for the one asked for below.
+			case err != nil:
 				return segment.Block{}, err
+			default:
+				return segment.Block{}, fmt.Errorf("rangeclient: carve: no position after ID %d in the current block [%d,%d) of code %d/%d: %w",
+					r.After, cur.lo, cur.hi, l.seg.Region, l.seg.Worker, segment.ErrUnavailable)
 			}
-			return segment.Block{}, fmt.Errorf("rangeclient: carve: no position after ID %d in the current block [%d,%d) of code %d/%d: %w",
-				r.After, cur.lo, cur.hi, l.seg.Region, l.seg.Worker, segment.ErrUnavailable)
 		} else if cur != nil {
 			c.rotate(cur)
 			if c.cur.Load() != cur {
 				continue
 			}
+		}
+		if !waiting {
+			waiting = true
+			c.waiters.Add(1) // before the kick: the plan must see it
 		}
 		c.kickRefill()
 		select {
@@ -103,9 +122,15 @@ func (c *Client) carve(ctx context.Context, r carve.Request) (segment.Block, err
 	}
 }
 
-// errNearEnd marks a carve refused because the block ends (or its lease's
-// safety deadline comes) within the run's least life.
-var errNearEnd = errors.New("near the end of the block")
+// errNearEnd marks a carve refused because the block's validity ends
+// within the run's least life: the next block (buffered, or asked for by
+// the waiting carve) serves it. A lease whose safety deadline comes that
+// soon is refused without errNearEnd: its renewals are failing, and the
+// caller does better at another replica than waiting here.
+var (
+	errNearEnd     = errors.New("near the end of the block")
+	errLeaseEnding = errors.New("near the lease's safety deadline")
+)
 
 // promoteEarly makes the buffered next block current before cur ends, when
 // there is one under the same lease: a carve refused near cur's end is
@@ -138,8 +163,12 @@ func (c *Client) carveFrom(b *block, l *leaseState, now int64, r carve.Request) 
 	svcNow := now + b.offset // service ns since the epoch
 	stop := b.stop.Load() + b.offset
 	if stop-svcNow <= int64(r.MinLife) {
+		why := errNearEnd
+		if l.deadline.Load()+b.offset-svcNow <= int64(r.MinLife) {
+			why = errLeaseEnding
+		}
 		return segment.Block{}, false, fmt.Errorf("rangeclient: carve: the minter's code %d/%d may be used for %v more, less than %v: %w: %w",
-			l.seg.Region, l.seg.Worker, time.Duration(max(stop-svcNow, 0)), r.MinLife, errNearEnd, segment.ErrUnavailable)
+			l.seg.Region, l.seg.Worker, time.Duration(max(stop-svcNow, 0)), r.MinLife, why, segment.ErrUnavailable)
 	}
 	first, k, ok := b.takeFrom(tl, r.N)
 	if !ok {

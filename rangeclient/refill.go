@@ -217,10 +217,12 @@ func (c *Client) plan(now int64) (ch <-chan struct{}, n int, wait time.Duration)
 	}
 	count := int(c.pol.count.Load())
 	cur, nx := c.cur.Load(), c.next.Load()
-	idle := c.idle(now)
+	// A caller waiting (a Next, or a carve for a shared run) is demand
+	// whatever the client minted lately.
+	idle := c.idle(now) && c.waiters.Load() == 0
 	switch {
 	case cur == nil:
-		if !idle || c.waiters.Load() > 0 {
+		if !idle {
 			return ch, max(count, c.reserveCount(now, c.reserveTarget(l, now))), wait
 		}
 		return ch, 0, wait

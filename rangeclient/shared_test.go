@@ -416,3 +416,77 @@ func TestSharedClientCadenceAndIdle(t *testing.T) {
 		}
 	})
 }
+
+// A replica's minter left quiet (no Next, no carve) for longer than its
+// blocks live, its idle timeout and several lease renewals still serves
+// the first carve after the quiet: the carve is demand, so it starts a
+// grant and waits for it within its deadline, and is served within one
+// grant round trip (docs/design.md, "The shared path": the demand rule).
+func TestCarveAfterQuiet(t *testing.T) {
+	for _, quiet := range []time.Duration{45 * time.Second, 75 * time.Second, 10 * time.Minute} {
+		t.Run(quiet.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const rtt = 20 * time.Millisecond // every call to the fake service takes this long
+				svc := fakeService(10 * time.Second)
+				conn := svc.Conn()
+				conn.SetDelay(rtt)
+				m := newTestClient(t, conn, func(c *Config) { c.Codes = 1 })
+				if _, err := m.Next(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(quiet)
+				if err := m.Lease().Err; err != nil {
+					t.Fatalf("the minter's lease after %v of quiet: %v", quiet, err)
+				}
+				for i := range 3 {
+					grants := conn.Calls(rangeclienttest.Allocate)
+					start := time.Now()
+					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+					b, err := m.carve(ctx, sharedRequest(256, 0))
+					cancel()
+					took := time.Since(start)
+					if err != nil {
+						t.Fatalf("carve %d after %v of quiet: %v", i+1, quiet, err)
+					}
+					if b.Len() < 1 {
+						t.Fatalf("carve %d: an empty run", i+1)
+					}
+					// One round trip at most: the grant the carve asked for
+					// (and, for the first, nothing else before it).
+					if n := conn.Calls(rangeclienttest.Allocate) - grants; took > rtt || (i == 0 && n < 1) {
+						t.Fatalf("carve %d after %v of quiet took %v (%d grants), want at most one round trip (%v)", i+1, quiet, took, n, rtt)
+					}
+					checkTime(t, b.ID(b.Lo), svc.Now())
+				}
+			})
+		})
+	}
+}
+
+// A carve near the end of an idle minter's block, with no next block
+// buffered (idle, the minter asked for none), waits for the block it asks
+// for instead of being refused.
+func TestCarveNearEndOfAnIdleMinter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc := fakeService(10 * time.Second)
+		m := newTestClient(t, svc.Conn(), func(c *Config) {
+			c.Codes, c.MaxReserve = 1, -1
+			c.tune.IdleTimeout = 100 * time.Millisecond
+		})
+		if _, err := m.Next(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		cur := m.cur.Load()
+		time.Sleep(time.Duration(cur.stop.Load()-m.now()) - 50*time.Millisecond) // 50 ms left: under MinLife
+		if m.cur.Load() != cur || m.next.Load() != nil {
+			t.Fatal("the idle minter changed its blocks")
+		}
+		b, err := m.carve(context.Background(), sharedRequest(100, 0))
+		if err != nil {
+			t.Fatalf("carve 50 ms before the end of an idle minter's block: %v", err)
+		}
+		if b.Lo < cur.hi {
+			t.Fatalf("run [%d,%d) from the block that was ending [%d,%d)", b.Lo, b.Hi, cur.lo, cur.hi)
+		}
+	})
+}
