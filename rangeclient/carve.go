@@ -160,6 +160,17 @@ func (c *Client) carveFrom(b *block, l *leaseState, now int64, r carve.Request) 
 		return segment.Block{}, false, fmt.Errorf("rangeclient: carve: after ID %d is %v ahead of the service clock, beyond the lead %v: %w",
 			r.After, lead, r.MaxLead, segment.ErrUnavailable)
 	}
+	// The code's own lead: the minter and earlier runs took its positions
+	// faster than the clock advances. Beyond r.MaxLead the caller waits
+	// (backpressure) rather than get a run dated that far ahead. The
+	// cursor may move on before takeFrom, so a run can start at most the
+	// runs carved meanwhile beyond the bound.
+	if next := b.lo + used(b.state.Load()); next > tl {
+		if lead := time.Duration((next>>seqBits)-(floor>>seqBits)) * time.Millisecond; lead > r.MaxLead {
+			return segment.Block{}, false, fmt.Errorf("rangeclient: carve: the minter's code %d/%d is %v ahead of the service clock, beyond the lead %v: %w",
+				l.seg.Region, l.seg.Worker, lead, r.MaxLead, &segment.Backpressure{RetryAfter: lead - r.MaxLead})
+		}
+	}
 	svcNow := now + b.offset // service ns since the epoch
 	stop := b.stop.Load() + b.offset
 	if stop-svcNow <= int64(r.MinLife) {

@@ -490,3 +490,41 @@ func TestCarveNearEndOfAnIdleMinter(t *testing.T) {
 		}
 	})
 }
+
+// Carves faster than the minter's code follows the clock stop once its
+// cursor is MaxLead ahead: the carve is refused with backpressure (the
+// time until it is back within the lead), not served with a run dated
+// further ahead; once that time has passed, carves are served again.
+func TestCarveBeyondTheLeadIsBackpressure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc := fakeService(10 * time.Second)
+		m := newTestClient(t, svc.Conn(), func(c *Config) { c.Codes = 1 })
+		r := sharedRequest(segment.MaxShared, 0)
+		r.MaxLead = time.Second
+		var bp *segment.Backpressure
+		for i := 0; ; i++ {
+			if i == 1000 {
+				t.Fatal("1,000 runs of 65,536 carved in no time without backpressure")
+			}
+			b, err := m.carve(context.Background(), r)
+			if errors.As(err, &bp) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("run %d: %v", i, err)
+			}
+			// A run starts within the lead (plus nothing: no carve runs
+			// concurrently here).
+			if lead := time.Duration(b.Lo>>seqBits-snowflake.MsSince(svc.Now())) * time.Millisecond; lead > r.MaxLead {
+				t.Fatalf("run %d starts %v ahead of the service clock, beyond %v", i, lead, r.MaxLead)
+			}
+		}
+		if bp.RetryAfter <= 0 || bp.RetryAfter > 100*time.Millisecond {
+			t.Fatalf("backpressure retry after %v, want (0, one run's time]", bp.RetryAfter)
+		}
+		time.Sleep(bp.RetryAfter + time.Millisecond)
+		if _, err := m.carve(context.Background(), r); err != nil {
+			t.Fatalf("carve after the retry delay: %v", err)
+		}
+	})
+}

@@ -29,8 +29,12 @@ type Request struct {
 	N int64
 	// After: the run's first ID is greater than After.
 	After snowflake.ID
-	// MaxLead bounds how far ahead of the service clock the run may start
-	// (After may push it ahead): beyond it the carve is refused.
+	// MaxLead bounds how far ahead of the service clock the run may start.
+	// When After pushes it ahead (a client whose last run came from a code
+	// further ahead), the carve is refused as unavailable: another replica
+	// may serve it. When the minter's own cursor is that far ahead (its
+	// code mints faster than the clock), the carve is refused with a
+	// *segment.Backpressure holding the time until it is back within.
 	MaxLead time.Duration
 	// ValidFor is the run's validity counted from the start of its first
 	// millisecond: a client that stops by then hands out no ID more than
@@ -66,9 +70,10 @@ func Register(f func(ctx context.Context, minter any, r Request) (segment.Block,
 
 // Carve carves a shared run for r from minter's current block. Errors
 // wrap segment.ErrUnavailable when another try (later, or at another
-// replica) may succeed, segment.ErrInvalid for a bad request, and
-// ErrNotCarver when minter cannot carve at all. ctx bounds the wait for
-// the minter's first block.
+// replica) may succeed, a *segment.Backpressure (errors.As) when the
+// minter's code is beyond r.MaxLead, segment.ErrInvalid for a bad
+// request, and ErrNotCarver when minter cannot carve at all. ctx bounds
+// the wait for the minter's block.
 func Carve(ctx context.Context, minter any, r Request) (segment.Block, error) {
 	if err := r.Validate(); err != nil {
 		return segment.Block{}, err
