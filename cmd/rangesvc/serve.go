@@ -154,6 +154,7 @@ func (c serveConfig) replicaConfig(cli *clientv3.Client, clk func() time.Time, r
 		Now:           clk,
 		RollbackBound: c.RollbackBound,
 		SharedRate:    c.sharedRate(),
+		SharedCodes:   c.SharedCodes,
 		EtcdTimeout:   c.EtcdTimeout,
 		Registry:      reg,
 		Next:          nextMinter(serveNextOwner(), log.With("component", "next-minter")),

@@ -14,6 +14,7 @@ import (
 	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/internal/server/cli"
 	"github.com/idrange/idrange/internal/server/etcdspace"
+	"github.com/idrange/idrange/internal/server/mintpool"
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/service"
 	"github.com/idrange/idrange/internal/server/store"
@@ -82,6 +83,10 @@ type serveConfig struct {
 	// from runs of this replica's own code) per caller identity, in IDs/s;
 	// every client without mutual TLS is one identity.
 	SharedRate int64
+	// SharedCodes (--shared-codes, default 4) bounds the worker codes
+	// this replica's own minter holds: it takes them as demand nears
+	// what its codes mint and gives them back when it falls.
+	SharedCodes int
 	// RollbackBound (--rollback-bound, default 5ms): a service clock this far
 	// behind the highest time seen reports NOT_SERVING.
 	RollbackBound time.Duration
@@ -183,6 +188,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.IntVar(&c.MaxBlock, "max-block", int(segment.DefaultMaxBlock), "largest block a request may ask for, in IDs")
 	fs.DurationVar(&c.MaxLead, "max-lead", segment.DefaultMaxLead, "how far a code's HWM may run ahead of the clock")
 	fs.Int64Var(&c.SharedRate, "shared-rate", service.DefaultSharedRate, "shared path (clients without a worker code of their own): IDs/s per caller identity on this replica (0: off)")
+	fs.IntVar(&c.SharedCodes, "shared-codes", mintpool.DefaultMaxCodes, "worker codes this replica's own minter may hold, taken as demand needs them")
 	fs.DurationVar(&c.RollbackBound, "rollback-bound", service.DefaultRollbackBound, "clock rollback that makes the replica NOT_SERVING")
 	fs.StringVar(&c.KeyPrefix, "key-prefix", etcdstore.DefaultPrefix, "etcd key prefix")
 	fs.DurationVar(&c.EtcdTimeout, "etcd-timeout", region.DefaultEtcdTimeout, "timeout for connecting to etcd and health probes")
@@ -264,6 +270,8 @@ func (c serveConfig) Validate() error {
 		return errors.Newf("--rollback-bound %v must not be negative", c.RollbackBound)
 	case c.SharedRate < 0 || c.SharedRate > maxSharedRate:
 		return errors.Newf("--shared-rate %d not in 0..%d IDs/s (0 turns the shared path off)", c.SharedRate, int64(maxSharedRate))
+	case c.SharedCodes < 1 || c.SharedCodes > mintpool.MaxCodesLimit:
+		return errors.Newf("--shared-codes %d not in 1..%d", c.SharedCodes, mintpool.MaxCodesLimit)
 	case c.EtcdTimeout <= 0:
 		return errors.Newf("--etcd-timeout %v must be positive", c.EtcdTimeout)
 	case c.ShutdownTimeout <= 0:

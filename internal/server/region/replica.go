@@ -24,6 +24,7 @@ import (
 	"github.com/idrange/idrange/internal/server/admin"
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/internal/server/etcdspace"
+	"github.com/idrange/idrange/internal/server/mintpool"
 	"github.com/idrange/idrange/internal/server/service"
 	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/server/store/etcdstore"
@@ -88,12 +89,18 @@ type ReplicaConfig struct {
 	// admin RPCs included (empty: nobody may call admin RPCs). Both need
 	// mutual TLS.
 	AllowedIdentities, AdminIdentities []authz.Pattern
-	// Next, if set, serves the Next RPC with a minter opened on the first
-	// call (service.LazyMinter), or at Serve when the shared path is on
-	// (SharedRate not negative: the shared path carves from its code), and
-	// closed by Stop. nil: Next answers Unimplemented until
-	// Service().SetMinter.
+	// Next, if set, opens the minters of the replica's own codes: a
+	// mintpool.Pool of them serves MintBatch, Next and the shared path.
+	// The pool takes its first code at Serve when the shared path is on
+	// (SharedRate not negative: the shared path carves from its codes),
+	// else on the first call; more as demand needs them, up to
+	// SharedCodes; Stop gives them back. nil: Next answers Unimplemented
+	// until Service().SetMinter.
 	Next NextFunc
+	// SharedCodes bounds the codes the replica's own minter holds
+	// (mintpool.Config.MaxCodes; rangesvc serve --shared-codes). 0:
+	// mintpool.DefaultMaxCodes.
+	SharedCodes int
 	// Logger receives store and service logs. Default: discard.
 	Logger *slog.Logger
 	// SharedRate bounds the shared path (AllocateShared, served from the
@@ -158,7 +165,7 @@ type Replica struct {
 	metrics  *service.Metrics
 	registry *prometheus.Registry
 	srv      *grpc.Server
-	minter   *service.LazyMinter
+	minter   *mintpool.Pool
 	ident    *identity
 	space    *etcdspace.Monitor   // nil when SpaceCheckInterval < 0
 	compact  *etcdspace.Compactor // nil when CompactionInterval == 0
@@ -217,13 +224,26 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 	r.metrics.SetStoreConfig(r.store.Config())
 	if cfg.Next != nil {
 		st, region, open := r.store, cfg.Region, cfg.Next
-		r.minter = service.NewLazyMinter(func(ctx context.Context) (service.MinterCloser, error) {
-			// The first Next call opens the minter with its context, which
-			// under mutual TLS carries that caller's identity. The minter's
-			// lease is the replica's own (renewed from its background loop,
-			// without any caller), so it is taken without an identity.
-			return open(authz.WithIdentity(ctx, ""), st, region)
+		r.minter, err = mintpool.New(mintpool.Config{
+			Open: func(ctx context.Context) (mintpool.Minter, error) {
+				// A code may be taken in a caller's context, which under
+				// mutual TLS carries that caller's identity. The minter's
+				// lease is the replica's own (renewed from its background
+				// loop, without any caller), so it is taken without one.
+				m, err := open(authz.WithIdentity(ctx, ""), st, region)
+				if err != nil {
+					return nil, err
+				}
+				return mintpool.Carving(m), nil
+			},
+			MaxCodes: cfg.SharedCodes,
+			Keep:     cfg.SharedRate >= 0,
+			Now:      cfg.Now,
+			Logger:   cfg.Logger,
 		})
+		if err != nil {
+			return nil, err
+		}
 	}
 	r.svc, err = service.New(r.serviceConfig())
 	if err != nil {
@@ -330,7 +350,7 @@ func (r *Replica) serviceConfig() service.Config {
 		Now:           cfg.Now,
 		MaxBlock:      int(st.Policy().MaxBlock),
 		SharedRate:    cfg.SharedRate,
-		SharedLead:    st.Policy().MaxLead,
+		SharedLead:    min(st.Policy().MaxLead, mintpool.DefaultMaxLead),
 		RollbackBound: cfg.RollbackBound,
 		StoreCheck: func(ctx context.Context) error {
 			if r.ident == nil {
@@ -396,51 +416,18 @@ func (r *Replica) Serve(lis net.Listener) <-chan error {
 		wg.Go(func() { r.ident.runRegistry(ctx) })
 	}
 	wg.Go(func() { r.svc.Run(ctx) })
-	if r.minter != nil && r.cfg.SharedRate >= 0 {
-		wg.Go(func() { r.openMinter(ctx) })
+	if r.minter != nil {
+		wg.Go(func() { r.minter.Run(ctx) })
 	}
 	go func() { wg.Wait(); close(r.done) }()
 	return errc
-}
-
-// Minter opening at start: each attempt's bound, and the longest wait
-// between attempts.
-const (
-	minterOpenTimeout = 10 * time.Second
-	minterRetryMax    = 30 * time.Second
-)
-
-// openMinter opens the Next minter at start when the shared path is on,
-// retrying until it succeeds or the replica stops: the shared path carves
-// from the minter's code, and a minter opened on the first call would find
-// no code free once clients hold them all (the shared path is for exactly
-// then).
-func (r *Replica) openMinter(ctx context.Context) {
-	wait := time.Second
-	for {
-		octx, cancel := context.WithTimeout(ctx, minterOpenTimeout)
-		err := r.minter.Open(octx)
-		cancel()
-		if err == nil || ctx.Err() != nil || errors.Is(err, service.ErrMinterClosed) {
-			return
-		}
-		r.cfg.Logger.Warn("replica: cannot open the minter the shared path carves from; retrying", "err", err, "retry_in", wait)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		wait = min(2*wait, minterRetryMax)
-	}
 }
 
 // Stop reports NOT_SERVING, stops accepting RPCs and lets in-flight ones
 // finish for up to grace (grace <= 0 closes them at once, as a crash
 // would), stops the background checks and the compactor (which gives the
 // compactor key up, so another replica takes over at once), and closes the
-// Next minter (which gives its lease back). The store and the etcd client
+// minter pool (which gives its codes back). The store and the etcd client
 // stay usable.
 func (r *Replica) Stop(grace time.Duration) {
 	r.svc.Shutdown()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -11,8 +12,22 @@ import (
 	"google.golang.org/grpc/status"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
+	"github.com/idrange/idrange/internal/server/mintpool"
 	"github.com/idrange/idrange/snowflake"
 )
+
+type countingMinter struct {
+	next   atomic.Int64
+	closed atomic.Bool
+}
+
+func (c *countingMinter) AppendN(_ context.Context, dst []snowflake.ID, n int) ([]snowflake.ID, error) {
+	for range n {
+		dst = append(dst, snowflake.ID(c.next.Add(1)))
+	}
+	return dst, nil
+}
+func (c *countingMinter) Close() error { c.closed.Store(true); return nil }
 
 // MintBatch hands out exactly count IDs from the replica's minter for every
 // count in 1..MaxMintBatch, and counts them.
@@ -50,10 +65,15 @@ func TestMintBatchBadCount(t *testing.T) {
 	f := newFixture(t, nil)
 	ctx := context.Background()
 	opened := 0
-	f.svc.SetMinter(NewLazyMinter(func(context.Context) (MinterCloser, error) {
+	pool, err := mintpool.New(mintpool.Config{Open: func(context.Context) (mintpool.Minter, error) {
 		opened++
-		return &countingMinter{}, nil
-	}))
+		return mintpool.Carving(&countingMinter{}), nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	f.svc.SetMinter(pool)
 	for _, n := range []int64{0, -1, MaxMintBatch + 1, 1_000_000_000, -1 << 63} {
 		_, err := f.cli.MintBatch(ctx, &idrangev1.MintBatchRequest{Count: n})
 		if status.Code(err) != codes.InvalidArgument {

@@ -635,6 +635,10 @@ func (s *Service) mint(ctx context.Context, method string, n int) ([]snowflake.I
 		case errors.Is(err, segment.ErrEpochExhausted), errors.Is(err, context.Canceled),
 			errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil:
 			return err
+		case errors.Is(err, segment.ErrBackpressure):
+			// Every code of the replica's minter is at its lead bound:
+			// ResourceExhausted with the retry delay, like a grant.
+			return err
 		default:
 			// The replica's own lease or buffer is not the caller's
 			// business: whatever went wrong (lease lost, fenced, no

@@ -512,6 +512,8 @@ var minterErrors = []struct {
 	{fmt.Errorf("own lease: %w", segment.ErrFenced), codes.Unavailable},
 	{errors.New("no block yet"), codes.Unavailable},
 	{fmt.Errorf("end: %w", snowflake.ErrEpochExhausted), codes.OutOfRange},
+	// Every code of the replica's minter is at its lead bound: wait.
+	{fmt.Errorf("pool: %w", &segment.Backpressure{RetryAfter: time.Millisecond}), codes.ResourceExhausted},
 }
 
 // The replica's own minting troubles are Unavailable to a Next caller (who

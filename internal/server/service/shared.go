@@ -183,6 +183,7 @@ const (
 	sharedOff         = "off"
 	sharedRateLimited = "rate_limited"
 	sharedUnavailable = "unavailable"
+	sharedLead        = "lead"
 	sharedNoMinter    = "no_minter"
 	sharedInvalid     = "invalid"
 	sharedOther       = "error"
@@ -270,10 +271,10 @@ func (s *Service) allocateShared(ctx context.Context, req *idrangev1.AllocateSha
 		return nil, sharedOff, status.Error(codes.Unimplemented, "AllocateShared: the shared path is off on this replica (--shared-rate 0)")
 	}
 	s.mu.Lock()
-	m := s.minter
+	m, _ := s.minter.(Carver)
 	s.mu.Unlock()
 	if m == nil {
-		return nil, sharedNoMinter, status.Error(codes.Unimplemented, "AllocateShared: this replica has no minter configured")
+		return nil, sharedNoMinter, status.Error(codes.Unimplemented, "AllocateShared: this replica has no minter to carve from")
 	}
 	if err := ctx.Err(); err != nil {
 		// The caller gave up while the request queued: a run carved now
@@ -303,6 +304,10 @@ func (s *Service) allocateShared(ctx context.Context, req *idrangev1.AllocateSha
 		switch {
 		case errors.Is(err, carve.ErrNotCarver):
 			return nil, sharedNoMinter, status.Errorf(codes.Unimplemented, "AllocateShared: %v", err)
+		case errors.Is(err, segment.ErrBackpressure):
+			// Every code of the replica is at its lead bound: the
+			// caller waits (ResourceExhausted with the retry delay).
+			return nil, sharedLead, errors.Wrap(err, "AllocateShared")
 		case errors.Is(err, segment.ErrUnavailable):
 			return nil, sharedUnavailable, status.Errorf(codes.Unavailable, "AllocateShared: %v", err)
 		}
@@ -312,20 +317,11 @@ func (s *Service) allocateShared(ctx context.Context, req *idrangev1.AllocateSha
 	return wire.SharedToProto(b), "", nil
 }
 
-// carve carves r from m, opening a LazyMinter first, within
-// sharedCarveTimeout.
-func (s *Service) carve(ctx context.Context, m Minter, r carve.Request) (segment.Block, error) {
+// carve carves r from m within sharedCarveTimeout.
+func (s *Service) carve(ctx context.Context, m Carver, r carve.Request) (segment.Block, error) {
 	ctx, cancel := context.WithTimeout(ctx, sharedCarveTimeout)
 	defer cancel()
-	var inner any = m
-	if lm, ok := m.(*LazyMinter); ok {
-		mc, err := lm.get(ctx)
-		if err != nil {
-			return segment.Block{}, errors.Newf("%v: %w", err, segment.ErrUnavailable)
-		}
-		inner = mc
-	}
-	return carve.Carve(ctx, inner, r)
+	return m.Carve(ctx, r)
 }
 
 // sweepShared refreshes the shared path's gauges (Run calls it every
@@ -340,16 +336,14 @@ func (s *Service) sweepShared() {
 }
 
 // codesHeld is the number of worker codes the replica's own minter holds:
-// 0 before a lazily opened one is first used.
+// what it says (the minter pool: 0 before a lazily opened one is first
+// used), else 1 for any minter.
 func (s *Service) codesHeld() int {
 	s.mu.Lock()
 	m := s.minter
 	s.mu.Unlock()
-	if lm, ok := m.(*LazyMinter); ok {
-		if lm.opened() {
-			return 1
-		}
-		return 0
+	if cc, ok := m.(codeCounter); ok {
+		return cc.Codes()
 	}
 	if m != nil {
 		return 1

@@ -32,6 +32,7 @@ import (
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/internal/server/embedetcd"
+	"github.com/idrange/idrange/internal/server/mintpool"
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/service"
 	"github.com/idrange/idrange/internal/server/store"
@@ -450,10 +451,29 @@ func (r *Region) EnableNext(ctx context.Context) (stop func() error, err error) 
 	case r.minter != nil:
 		return nil, errors.New("region: Next is already enabled")
 	}
-	m, err := r.cfg.NextMinter(ctx, r.rep.Store(), r.cfg.Region)
+	// The replica's minter pool, as rangesvc serve runs it: its first
+	// code taken now, more as demand needs them.
+	st, region := r.rep.Store(), r.cfg.Region
+	m, err := mintpool.New(mintpool.Config{
+		Open: func(ctx context.Context) (mintpool.Minter, error) {
+			mc, err := r.cfg.NextMinter(ctx, st, region)
+			if err != nil {
+				return nil, err
+			}
+			return mintpool.Carving(mc), nil
+		},
+		Now:    r.cfg.Now,
+		Logger: r.cfg.Logger,
+	})
 	if err != nil {
+		return nil, err
+	}
+	if err := m.Open(ctx); err != nil {
 		return nil, errors.Wrap(err, "region: minter for Next")
 	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { m.Run(runCtx); close(ran) }()
 	svc := r.rep.Service()
 	r.minter = m
 	svc.SetMinter(m)
@@ -466,6 +486,8 @@ func (r *Region) EnableNext(ctx context.Context) (stop func() error, err error) 
 			}
 			r.mu.Unlock()
 			svc.SetMinter(nil)
+			cancel()
+			<-ran
 			err = m.Close()
 		})
 		return err
