@@ -83,6 +83,12 @@ type serveConfig struct {
 	// from runs of this replica's own code) per caller identity, in IDs/s;
 	// every client without mutual TLS is one identity.
 	SharedRate int64
+	// SharedRateTotal (--shared-rate-total, default 0 = 3,000,000 per
+	// code of --shared-codes) bounds what all identities together take
+	// from this replica's own codes (shared runs, MintBatch, Next), in
+	// IDs/s; when it is spent, an identity above its fair share (the
+	// bound over the identities active) waits and one below it is served.
+	SharedRateTotal int64
 	// SharedCodes (--shared-codes, default 4) bounds the worker codes
 	// this replica's own minter holds: it takes them as demand nears
 	// what its codes mint and gives them back when it falls.
@@ -188,6 +194,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.IntVar(&c.MaxBlock, "max-block", int(segment.DefaultMaxBlock), "largest block a request may ask for, in IDs")
 	fs.DurationVar(&c.MaxLead, "max-lead", segment.DefaultMaxLead, "how far a code's HWM may run ahead of the clock")
 	fs.Int64Var(&c.SharedRate, "shared-rate", service.DefaultSharedRate, "shared path (clients without a worker code of their own): IDs/s per caller identity on this replica (0: off)")
+	fs.Int64Var(&c.SharedRateTotal, "shared-rate-total", 0, "IDs/s all identities together take from this replica's own codes (shared runs, MintBatch); spent, each gets its fair share (0: 3000000 per --shared-codes)")
 	fs.IntVar(&c.SharedCodes, "shared-codes", mintpool.DefaultMaxCodes, "worker codes this replica's own minter may hold, taken as demand needs them")
 	fs.DurationVar(&c.RollbackBound, "rollback-bound", service.DefaultRollbackBound, "clock rollback that makes the replica NOT_SERVING")
 	fs.StringVar(&c.KeyPrefix, "key-prefix", etcdstore.DefaultPrefix, "etcd key prefix")
@@ -270,6 +277,8 @@ func (c serveConfig) Validate() error {
 		return errors.Newf("--rollback-bound %v must not be negative", c.RollbackBound)
 	case c.SharedRate < 0 || c.SharedRate > maxSharedRate:
 		return errors.Newf("--shared-rate %d not in 0..%d IDs/s (0 turns the shared path off)", c.SharedRate, int64(maxSharedRate))
+	case c.SharedRateTotal < 0 || c.SharedRateTotal > maxSharedRate:
+		return errors.Newf("--shared-rate-total %d not in 0..%d IDs/s (0: %d per --shared-codes)", c.SharedRateTotal, int64(maxSharedRate), int64(service.SharedRatePerCode))
 	case c.SharedCodes < 1 || c.SharedCodes > mintpool.MaxCodesLimit:
 		return errors.Newf("--shared-codes %d not in 1..%d", c.SharedCodes, mintpool.MaxCodesLimit)
 	case c.EtcdTimeout <= 0:

@@ -7,6 +7,7 @@
 package region
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"log/slog"
@@ -107,6 +108,10 @@ type ReplicaConfig struct {
 	// Next minter's blocks) per caller identity, in IDs/s
 	// (service.Config.SharedRate): 0 the service's default, negative off.
 	SharedRate float64
+	// SharedRateTotal bounds what all identities together take from the
+	// replica's own codes, in IDs/s (service.Config.SharedRateTotal). 0:
+	// service.SharedRatePerCode per code SharedCodes allows.
+	SharedRateTotal float64
 
 	// CompactionInterval is how often this replica compacts etcd's history
 	// while it holds the compactor key (<Prefix>compactor; one replica of
@@ -345,11 +350,13 @@ func openStore(cfg ReplicaConfig, m *service.Metrics, id *identity) (*store.Stor
 func (r *Replica) serviceConfig() service.Config {
 	cfg, st := r.cfg, r.store
 	sc := service.Config{
-		Region:        cfg.Region,
-		Allocator:     st,
-		Now:           cfg.Now,
-		MaxBlock:      int(st.Policy().MaxBlock),
-		SharedRate:    cfg.SharedRate,
+		Region:     cfg.Region,
+		Allocator:  st,
+		Now:        cfg.Now,
+		MaxBlock:   int(st.Policy().MaxBlock),
+		SharedRate: cfg.SharedRate,
+		SharedRateTotal: cmp.Or(cfg.SharedRateTotal,
+			service.SharedRatePerCode*float64(cmp.Or(cfg.SharedCodes, mintpool.DefaultMaxCodes))),
 		SharedLead:    min(st.Policy().MaxLead, mintpool.DefaultMaxLead),
 		RollbackBound: cfg.RollbackBound,
 		StoreCheck: func(ctx context.Context) error {

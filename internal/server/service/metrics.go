@@ -100,10 +100,14 @@ type Metrics struct {
 	// (idrange_service_shared_ids_total).
 	SharedIDs prometheus.Counter
 	// SharedRefused counts refused AllocateShared calls by reason:
-	// rate_limited (the identity is over --shared-rate), unavailable (the
-	// replica's minter cannot carve now), no_minter, off (--shared-rate 0),
-	// invalid, error
-	// (idrange_service_shared_refused_total{reason}).
+	// rate_limited (the identity is over --shared-rate), fair_share (the
+	// replica's bound for all callers, --shared-rate-total, is spent and
+	// the identity is at or above its fair share), lead (every code of the
+	// replica's minter is 1 s ahead of the clock), unavailable (the
+	// replica's minter cannot carve now), no_minter, off (--shared-rate
+	// 0), invalid, error (idrange_service_shared_refused_total{reason}).
+	// MintBatch and Next refused for the fair share or the lead count in
+	// errors_total{code="ResourceExhausted"}.
 	SharedRefused *prometheus.CounterVec
 	// SharedClients is the number of distinct client_ids granted a run in
 	// the last minute (idrange_service_shared_clients).
@@ -116,6 +120,24 @@ type Metrics struct {
 	// divided by the bound (idrange_service_shared_usage_ratio): near 1
 	// its clients are being refused.
 	SharedUsage prometheus.Gauge
+	// SharedRateTotal is the configured bound for all identities
+	// together, in IDs/s (idrange_service_shared_rate_total_ids_per_second).
+	SharedRateTotal prometheus.Gauge
+	// SharedIdentities counts the identities by class
+	// (idrange_service_shared_identities{class}): "active", those that
+	// took IDs from the replica's codes in about the last second, among
+	// which the aggregate bound is shared when it is spent. No series
+	// names an identity or a client_id.
+	SharedIdentities prometheus.Gauge
+
+	// The replica's own minter (internal/server/mintpool).
+	//
+	// MinterCodes is the number of worker codes it holds
+	// (idrange_service_minter_codes), MinterLead how far ahead of the
+	// clock its least advanced code is (idrange_service_minter_lead_seconds:
+	// at 1 s callers get backpressure), MinterDemand the IDs/s it hands
+	// out (idrange_service_minter_demand_ids_per_second).
+	MinterCodes, MinterLead, MinterDemand prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them on reg (nil: none).
@@ -174,15 +196,24 @@ func NewMetrics(reg prometheus.Registerer, clk func() time.Time) (*Metrics, erro
 			"AllocateShared calls by outcome (granted, refused).")), []string{"outcome"}),
 		SharedIDs: counter("shared_ids_total", "Positions granted in shared runs (AllocateShared)."),
 		SharedRefused: prometheus.NewCounterVec(prometheus.CounterOpts(o("shared_refused_total",
-			"Refused AllocateShared calls by reason (rate_limited, unavailable, no_minter, off, invalid, error).")), []string{"reason"}),
+			"Refused AllocateShared calls by reason (rate_limited, fair_share, lead, unavailable, no_minter, off, invalid, error).")), []string{"reason"}),
 		SharedClients:   gauge("shared_clients", "Distinct client_ids granted a shared run in the last minute."),
 		SharedRateLimit: gauge("shared_rate_limit_ids_per_second", "The shared path's bound per caller identity, in IDs/s (0: the shared path is off)."),
 		SharedUsage:     gauge("shared_usage_ratio", "The busiest identity's shared rate (about 10 s) over the bound: near 1, its clients are refused."),
+		SharedRateTotal: gauge("shared_rate_total_ids_per_second", "The bound for all identities together on the replica's own codes (shared runs, MintBatch, Next), in IDs/s (0: the shared path is off)."),
+		SharedIdentities: func() prometheus.Gauge {
+			opts := prometheus.GaugeOpts(o("shared_identities", "Identities taking IDs from the replica's own codes, by class (active: in about the last second)."))
+			opts.ConstLabels = prometheus.Labels{"class": "active"}
+			return prometheus.NewGauge(opts)
+		}(),
+		MinterCodes:  gauge("minter_codes", "Worker codes the replica's own minter holds (MintBatch, Next, the shared path)."),
+		MinterLead:   gauge("minter_lead_seconds", "How far ahead of the clock the replica's least advanced own code is; at 1 s callers get backpressure."),
+		MinterDemand: gauge("minter_demand_ids_per_second", "IDs/s the replica's own minter hands out (shared runs, MintBatch, Next)."),
 	}
 	for _, o := range []string{"granted", "refused"} {
 		m.SharedGrants.WithLabelValues(o)
 	}
-	for _, r := range []string{sharedOff, sharedRateLimited, sharedUnavailable, sharedNoMinter, sharedInvalid, sharedOther} {
+	for _, r := range []string{sharedOff, sharedRateLimited, sharedFairShare, sharedLead, sharedUnavailable, sharedNoMinter, sharedInvalid, sharedOther} {
 		m.SharedRefused.WithLabelValues(r)
 	}
 	// Create the error series that matter for alerts up front, so they
@@ -208,7 +239,8 @@ func (m *Metrics) collectors() []prometheus.Collector {
 		m.CorruptValues, m.HWMRegressions, m.HWMRegressedCodes, m.LeaseAcquisitions, m.LeaseAcquireFailures, m.LeaseRenewals,
 		m.LeaseRenewalFailures, m.LeaseReleases, m.FreeCodes, m.HWMLead, m.ClockRollbackMs,
 		m.RemainingEpochLife, m.Errors, m.Serving, m.MintedIDs, m.LeaseTTL, m.MaxLead,
-		m.SharedGrants, m.SharedIDs, m.SharedRefused, m.SharedClients, m.SharedRateLimit, m.SharedUsage}
+		m.SharedGrants, m.SharedIDs, m.SharedRefused, m.SharedClients, m.SharedRateLimit, m.SharedUsage,
+		m.SharedRateTotal, m.SharedIdentities, m.MinterCodes, m.MinterLead, m.MinterDemand}
 }
 
 // SetStoreConfig exports the store's lease TTL and grant policy (pass

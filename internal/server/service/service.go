@@ -46,6 +46,7 @@ import (
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/server/authz"
+	"github.com/idrange/idrange/internal/server/mintpool"
 	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -130,6 +131,13 @@ type Config struct {
 	// DefaultSharedRate; negative: the shared path is off (AllocateShared
 	// answers Unimplemented, and clients take worker codes).
 	SharedRate float64
+	// SharedRateTotal bounds what all identities together take from the
+	// Minter (shared runs and MintBatch/Next), in IDs/s, while the shared
+	// path is on (rangesvc serve --shared-rate-total); when it is spent,
+	// an identity above its fair share (SharedRateTotal over the active
+	// identities) gets backpressure and one below it is served. Default
+	// SharedRatePerCode times mintpool.DefaultMaxCodes.
+	SharedRateTotal float64
 	// SharedLead bounds how far ahead of the service clock a shared run
 	// may start when the caller's after_id pushes it ahead; keep it equal
 	// to the store's policy MaxLead. Default segment.DefaultMaxLead.
@@ -173,8 +181,11 @@ func (c Config) withDefaults() Config {
 	if c.SharedRate == 0 {
 		c.SharedRate = DefaultSharedRate
 	}
+	if c.SharedRateTotal == 0 {
+		c.SharedRateTotal = SharedRatePerCode * mintpool.DefaultMaxCodes
+	}
 	if c.SharedLead == 0 {
-		c.SharedLead = segment.DefaultMaxLead
+		c.SharedLead = mintpool.DefaultMaxLead
 	}
 	return c
 }
@@ -193,6 +204,8 @@ func (c Config) Validate() error {
 		return errors.Newf("service: Config.RollbackBound %v is negative", c.RollbackBound)
 	case math.IsNaN(c.SharedRate) || math.IsInf(c.SharedRate, 0):
 		return errors.Newf("service: Config.SharedRate %v is not a number of IDs/s", c.SharedRate)
+	case !(c.SharedRateTotal > 0) || math.IsInf(c.SharedRateTotal, 0): // also NaN
+		return errors.Newf("service: Config.SharedRateTotal %v is not a positive number of IDs/s", c.SharedRateTotal)
 	case c.SharedLead < 0:
 		return errors.Newf("service: Config.SharedLead %v is negative", c.SharedLead)
 	}
@@ -251,8 +264,9 @@ func New(cfg Config) (*Service, error) {
 		minter:  cfg.Minter,
 	}
 	if cfg.SharedRate > 0 {
-		s.shared = newSharedLimiter(cfg.SharedRate)
+		s.shared = newSharedLimiter(cfg.SharedRate, cfg.SharedRateTotal)
 		m.SharedRateLimit.Set(cfg.SharedRate)
+		m.SharedRateTotal.Set(cfg.SharedRateTotal)
 	}
 	s.observe() // first reading: the floor for rollback detection
 	s.updateHealth()
@@ -328,6 +342,7 @@ func (s *Service) Run(ctx context.Context) {
 		case <-check.C:
 			s.Check(ctx)
 			s.sweepShared()
+			s.sweepMinter()
 		case <-free.C:
 			s.refreshFreeCodes(ctx)
 		}
@@ -626,6 +641,15 @@ func (s *Service) mint(ctx context.Context, method string, n int) ([]snowflake.I
 	}
 	var ids []snowflake.ID
 	err := s.rpc(ctx, method, func(ctx context.Context) error {
+		if s.shared != nil {
+			// The replica's codes serve the shared path too: MintBatch
+			// and Next count in the aggregate bound and the fair share.
+			ident, now := authz.IdentityFrom(ctx), s.observe()
+			if err := s.takeShare(method, ident, int64(n), now, false); err != nil {
+				return err
+			}
+			defer func() { s.shared.settle(ident, "", int64(n), int64(len(ids)), now, false) }()
+		}
 		var err error
 		ids, err = m.AppendN(ctx, make([]snowflake.ID, 0, n), n)
 		switch {

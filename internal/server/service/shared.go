@@ -39,9 +39,6 @@ const (
 	// sharedClientWindow is how long a client_id counts in
 	// shared_clients after its last grant.
 	sharedClientWindow = time.Minute
-	// maxSharedClients bounds the client_ids remembered (about 200 bytes
-	// each); beyond it new ones are not counted until old ones age out.
-	maxSharedClients = 1_000_000
 	// sharedCarveTimeout bounds the wait for the replica's minter (its
 	// first lease and block) within one AllocateShared call.
 	sharedCarveTimeout = 2 * time.Second
@@ -61,6 +58,7 @@ const (
 	sharedRateLimited = "rate_limited"
 	sharedUnavailable = "unavailable"
 	sharedLead        = "lead"
+	sharedFairShare   = "fair_share"
 	sharedNoMinter    = "no_minter"
 	sharedInvalid     = "invalid"
 	sharedOther       = "error"
@@ -160,13 +158,8 @@ func (s *Service) allocateShared(ctx context.Context, req *idrangev1.AllocateSha
 	}
 	ident := authz.IdentityFrom(ctx)
 	now := s.observe()
-	if wait, ok := s.shared.take(ident, n, now); !ok {
-		if refused, log := s.shared.overRate(now); log {
-			s.log.Info("shared path: an identity is over its rate; its clients are refused with a retry delay",
-				"identity", ident, "rate", s.shared.rate, "refused_since_last_line", refused)
-		}
-		return nil, sharedRateLimited, errors.Newf("AllocateShared: identity %q is over its shared rate %.0f IDs/s: %w",
-			ident, s.shared.rate, &segment.Backpressure{RetryAfter: wait})
+	if err := s.takeShare("AllocateShared", ident, n, now, true); err != nil {
+		return nil, reasonOf(err), err
 	}
 	b, err := s.carve(ctx, m, carve.Request{N: n, After: after, MaxLead: s.cfg.SharedLead,
 		ValidFor: SharedValidity - SharedMargin, MinLife: SharedMinLife})
@@ -177,7 +170,7 @@ func (s *Service) allocateShared(ctx context.Context, req *idrangev1.AllocateSha
 		}
 	}
 	if err != nil {
-		s.shared.settle(ident, clientID, n, 0, now)
+		s.shared.settle(ident, clientID, n, 0, now, true)
 		switch {
 		case errors.Is(err, carve.ErrNotCarver):
 			return nil, sharedNoMinter, status.Errorf(codes.Unimplemented, "AllocateShared: %v", err)
@@ -190,8 +183,49 @@ func (s *Service) allocateShared(ctx context.Context, req *idrangev1.AllocateSha
 		}
 		return nil, sharedOther, err
 	}
-	s.shared.settle(ident, clientID, n, b.Len(), now)
+	s.shared.settle(ident, clientID, n, b.Len(), now, true)
 	return wire.SharedToProto(b), "", nil
+}
+
+// shareRefusal is a refusal by the shared limiter: backpressure, with the
+// reason it counts under.
+type shareRefusal struct {
+	reason string
+	err    error
+}
+
+func (r *shareRefusal) Error() string { return r.err.Error() }
+func (r *shareRefusal) Unwrap() error { return r.err }
+
+// reasonOf is the refusal reason of an error of takeShare.
+func reasonOf(err error) string {
+	var r *shareRefusal
+	if errors.As(err, &r) {
+		return r.reason
+	}
+	return sharedOther
+}
+
+// takeShare takes n IDs for ident from the shared limiter (per identity
+// too for a shared run), or returns the backpressure answer for method,
+// logging refusals at most once a sharedLogEvery.
+func (s *Service) takeShare(method, ident string, n int64, now time.Time, perIdentity bool) error {
+	wait, reason, ok := s.shared.take(ident, n, now, perIdentity)
+	if ok {
+		return nil
+	}
+	if refused, log := s.shared.refuse(reason, now); log {
+		s.log.Info("shared path: callers over their bound are refused with a retry delay",
+			"identity", ident, "reason", reason, "rate", s.shared.rate, "rate_total", s.shared.total, "refused_since_last_line", refused)
+	}
+	var err error
+	if reason == sharedRateLimited {
+		err = errors.Newf("%s: identity %q is over its shared rate %.0f IDs/s: %w", method, ident, s.shared.rate, &segment.Backpressure{RetryAfter: wait})
+	} else {
+		err = errors.Newf("%s: the replica's bound of %.0f IDs/s for all callers is spent and identity %q is at or above its fair share: %w",
+			method, s.shared.total, ident, &segment.Backpressure{RetryAfter: wait})
+	}
+	return &shareRefusal{reason: reason, err: err}
 }
 
 // carve carves r from m within sharedCarveTimeout.
@@ -207,9 +241,31 @@ func (s *Service) sweepShared() {
 	if s.shared == nil {
 		return
 	}
-	clients, usage := s.shared.sweep(s.cfg.Now())
+	clients, usage, active := s.shared.sweep(s.cfg.Now())
 	s.metrics.SharedClients.Set(float64(clients))
 	s.metrics.SharedUsage.Set(usage)
+	s.metrics.SharedIdentities.Set(float64(active))
+}
+
+// minterGauges are what the replica's minter pool says of itself.
+type minterGauges interface {
+	Codes() int
+	Lead() time.Duration
+	Rate() float64
+}
+
+// sweepMinter refreshes the minter's gauges (Run calls it every
+// CheckInterval).
+func (s *Service) sweepMinter() {
+	s.mu.Lock()
+	m, ok := s.minter.(minterGauges)
+	s.mu.Unlock()
+	if !ok {
+		return
+	}
+	s.metrics.MinterCodes.Set(float64(m.Codes()))
+	s.metrics.MinterLead.Set(m.Lead().Seconds())
+	s.metrics.MinterDemand.Set(m.Rate())
 }
 
 // codesHeld is the number of worker codes the replica's own minter holds:
