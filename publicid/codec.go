@@ -112,7 +112,7 @@ func deriveKindKey(id int, secret *[KeySize]byte, kind string) *kindKey {
 		panic("publicid: " + err.Error())
 	}
 	kk := &kindKey{id: id, block: block,
-		refused: fmt.Errorf("not a %s token of key %d: %w", kind, id, ErrNotAuthentic)}
+		refused: fmt.Errorf("not a token of kind %q under key %d: %w", kind, id, ErrNotAuthentic)}
 	copy(kk.check[:], okm[aesKeySize:])
 	clear(okm)
 	return kk
