@@ -168,3 +168,27 @@ func reportCap(b *testing.B, ids int64, elapsed time.Duration) {
 		b.ReportMetric(float64(ids)/ms/(MaxSequence+1)*100, "%cap")
 	}
 }
+
+// BenchmarkParse reads an ID's decimal text: the reference the public-ID
+// token benchmarks (publicid's BenchmarkEncode and BenchmarkDecode) are
+// reported next to, in docs/figures/token.md.
+func BenchmarkParse(b *testing.B) {
+	s := ID(153652455016566789).String()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Parse(s); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkDecode checks an ID and splits it into its fields.
+func BenchmarkDecode(b *testing.B) {
+	id := ID(153652455016566789)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Decode(id); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -4,6 +4,7 @@
 //	rangesvc mint    --target ADDR -n N
 //	rangesvc admin   status|leases|fence|alarm --target ADDR [-o table|json]
 //	rangesvc decode  ID...
+//	rangesvc token   keygen|promote|encode|decode ...  (public-ID tokens)
 //	rangesvc compare [flags]   (runs rangesvc-bench compare)
 //	rangesvc bench   [flags]   (runs rangesvc-bench bench)
 //	rangesvc version [-o json]
@@ -35,6 +36,7 @@ var commands = map[string]cli.Command{
 	"compare": {Summary: "run one workload through each ID strategy and print a table (rangesvc-bench)", Run: forward("compare")},
 	"bench":   {Summary: "fleet load test: regions x workers at a target rate (rangesvc-bench)", Run: forward("bench")},
 	"version": {Summary: "print the build: module version, VCS revision, Go version", Run: runVersion},
+	"token":   {Summary: "public-ID tokens: key files (keygen, promote), encode and decode IDs", Run: runToken},
 }
 
 func main() {

@@ -33,6 +33,7 @@ type rule struct {
 var rules = []rule{
 	{pkg: "snowflake", stdlibOnly: true},
 	{pkg: "tlsfiles", stdlibOnly: true},
+	{pkg: "publicid", stdlibOnly: true},
 	{pkg: "rangeclient", forbidden: []string{
 		"go.etcd.io/", "go.uber.org/zap", "github.com/getsentry/", "github.com/gogo/", "github.com/cockroachdb/",
 		prometheusServer,

@@ -2,7 +2,8 @@
 // public libraries (docs/design.md, "Dependencies"). A user who imports
 // rangeclient gets gRPC, protobuf and the Prometheus client, and nothing of
 // etcd, zap, sentry, gogo or cockroachdb; snowflake is standard library
-// only, like the generators it is compared with; the segment domain package
+// only, like the generators it is compared with, and so is publicid (the
+// public-ID tokens); the segment domain package
 // has no etcd and no cockroachdb; neither rangeclient nor the binaries link
 // the Prometheus server module, whose PromQL parser only tests use; the
 // server binary (cmd/rangesvc, its fault build too) links neither the
