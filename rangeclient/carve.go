@@ -157,8 +157,10 @@ func (c *Client) carveFrom(b *block, l *leaseState, now int64, r carve.Request) 
 	floor := b.floorL(now)
 	tl := max(floor, afterL(r.After, b.base))
 	if lead := time.Duration((tl>>seqBits)-(floor>>seqBits)) * time.Millisecond; lead > r.MaxLead {
+		// No run above After can start within the lead, here or at any
+		// replica, until the clock moves on: the caller waits.
 		return segment.Block{}, false, fmt.Errorf("rangeclient: carve: after ID %d is %v ahead of the service clock, beyond the lead %v: %w",
-			r.After, lead, r.MaxLead, segment.ErrUnavailable)
+			r.After, lead, r.MaxLead, &segment.Backpressure{RetryAfter: lead - r.MaxLead})
 	}
 	// The code's own lead: the minter and earlier runs took its positions
 	// faster than the clock advances. Beyond r.MaxLead the caller waits

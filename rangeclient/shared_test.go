@@ -233,7 +233,8 @@ func TestCarveNearBlockEndUsesTheNextBlock(t *testing.T) {
 }
 
 // A carve whose after_id is further ahead of the clock than MaxLead is
-// refused, and so is one beyond the current block (the buffered next block
+// refused with backpressure (until the clock reaches it), and one beyond
+// the current block as unavailable (the buffered next block
 // is never carved from: the reserve merges into it); one inside the
 // current block starts above after_id.
 func TestCarveAfterBeyondTheLead(t *testing.T) {
@@ -242,8 +243,10 @@ func TestCarveAfterBeyondTheLead(t *testing.T) {
 		m := newTestClient(t, svc.Conn(), func(c *Config) { c.Codes = 1 })
 		now := snowflake.MsSince(svc.Now())
 		far := snowflake.ID((now + 20_000) << timeShift)
-		if _, err := m.carve(context.Background(), sharedRequest(10, far)); !errors.Is(err, segment.ErrUnavailable) {
-			t.Fatalf("carve after an ID 20 s ahead: %v, want ErrUnavailable", err)
+		var bp *segment.Backpressure
+		if _, err := m.carve(context.Background(), sharedRequest(10, far)); !errors.As(err, &bp) ||
+			bp.RetryAfter < 20*time.Second-segment.DefaultMaxLead-time.Millisecond {
+			t.Fatalf("carve after an ID 20 s ahead: %v, want backpressure until it is within the lead", err)
 		}
 		cur := m.cur.Load()
 		beyond := snowflake.ID((cur.hi>>seqBits + 1) << timeShift)

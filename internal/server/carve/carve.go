@@ -29,12 +29,11 @@ type Request struct {
 	N int64
 	// After: the run's first ID is greater than After.
 	After snowflake.ID
-	// MaxLead bounds how far ahead of the service clock the run may start.
-	// When After pushes it ahead (a client whose last run came from a code
-	// further ahead), the carve is refused as unavailable: another replica
-	// may serve it. When the minter's own cursor is that far ahead (its
-	// code mints faster than the clock), the carve is refused with a
-	// *segment.Backpressure holding the time until it is back within.
+	// MaxLead bounds how far ahead of the service clock the run may start:
+	// when After (a client whose last run came from a code further ahead)
+	// or the minter's own cursor (its code mints faster than the clock)
+	// would start it further ahead, the carve is refused with a
+	// *segment.Backpressure holding the time until it fits.
 	MaxLead time.Duration
 	// ValidFor is the run's validity counted from the start of its first
 	// millisecond: a client that stops by then hands out no ID more than

@@ -57,8 +57,12 @@ const MaxCodesLimit = 64
 const (
 	// growShare: the pool takes another code when the demand it measured
 	// (IDs/s, EWMA over rateWindow) is above this share of what its codes
-	// mint, or when a caller found every code beyond MaxLead.
-	growShare = 0.75
+	// mint, when its least advanced code is more than growLead of MaxLead
+	// ahead of the clock (demand counts IDs, but the codes also lose the
+	// positions a run jumps over to start above its client's last ID), or
+	// when a caller found every code beyond MaxLead.
+	growShare   = 0.75
+	growLeadDiv = 4
 	// shrinkShare and shrinkAfter: it gives a code back when demand has
 	// stayed below this share of what one code fewer mints for this long.
 	// The gap between the two shares keeps a steady demand from taking
@@ -152,8 +156,9 @@ type Pool struct {
 	closed  bool
 	opening bool
 
-	demand atomic.Int64 // IDs handed out since Run last measured
-	behind atomic.Bool  // a caller found every code beyond MaxLead since then
+	demand atomic.Int64  // IDs handed out since Run last measured
+	behind atomic.Bool   // a caller found every code beyond MaxLead since then
+	kick   chan struct{} // wakes Run before its next tick: a code ran ahead
 	rr     atomic.Uint64
 
 	// Run's own.
@@ -182,7 +187,7 @@ func New(cfg Config) (*Pool, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Pool{cfg: cfg.withDefaults()}, nil
+	return &Pool{cfg: cfg.withDefaults(), kick: make(chan struct{}, 1)}, nil
 }
 
 func (p *Pool) members() []*member {
@@ -197,12 +202,14 @@ func (p *Pool) Codes() int { return len(p.members()) }
 
 // Lead is how far ahead of the clock the pool's least advanced code is:
 // the lead a caller gets now (0 when it holds none, or none is ahead).
-func (p *Pool) Lead() time.Duration {
+func (p *Pool) Lead() time.Duration { return p.lead(p.cfg.Now()) }
+
+func (p *Pool) lead(at time.Time) time.Duration {
 	ms := p.members()
 	if len(ms) == 0 {
 		return 0
 	}
-	now := snowflake.MsSince(p.cfg.Now())
+	now := snowflake.MsSince(at)
 	m, _ := pick(ms, now, p.rr.Load())
 	return time.Duration(max(m.aheadMs.Load()-now, 0)) * time.Millisecond
 }
@@ -288,9 +295,7 @@ func (p *Pool) do(ctx context.Context, f func(m *member) (another bool, err erro
 	if err != nil {
 		return err
 	}
-	now := snowflake.MsSince(p.cfg.Now())
-	start := p.rr.Add(1)
-	_, first := pick(ms, now, start)
+	_, first := pick(ms, snowflake.MsSince(p.cfg.Now()), p.rr.Add(1))
 	err = ErrClosed
 	for i := range ms {
 		mb := ms[(first+i)%len(ms)]
@@ -313,16 +318,25 @@ func (p *Pool) do(ctx context.Context, f func(m *member) (another bool, err erro
 // every code is beyond MaxLead it appends nothing and returns a
 // *segment.Backpressure.
 func (p *Pool) AppendN(ctx context.Context, dst []snowflake.ID, n int) ([]snowflake.ID, error) {
+	return p.AppendNWithin(ctx, dst, n, p.cfg.MaxLead)
+}
+
+// AppendNWithin is AppendN with a lead bound of its own, lowered to
+// MaxLead: the service holds callers above their fair share to a lower
+// one, keeping the rest of the lead for the others.
+func (p *Pool) AppendNWithin(ctx context.Context, dst []snowflake.ID, n int, maxLead time.Duration) ([]snowflake.ID, error) {
+	maxLead = min(maxLead, p.cfg.MaxLead)
 	out := dst
 	err := p.do(ctx, func(mb *member) (bool, error) {
-		if bp := p.beyond(mb); bp != nil {
+		if bp := p.beyond(mb, maxLead); bp != nil {
 			p.behind.Store(true)
-			return false, fmt.Errorf("mintpool: every code is ahead of the clock beyond %v: %w", p.cfg.MaxLead, bp)
+			p.wake()
+			return false, fmt.Errorf("mintpool: every code is ahead of the clock beyond %v: %w", maxLead, bp)
 		}
 		var err error
 		out, err = mb.m.AppendN(ctx, dst, n)
 		if k := len(out) - len(dst); k > 0 {
-			mb.saw(out[len(out)-1].Ms())
+			p.saw(mb, out[len(out)-1].Ms())
 			p.demand.Add(int64(k))
 		}
 		return false, err
@@ -330,25 +344,23 @@ func (p *Pool) AppendN(ctx context.Context, dst []snowflake.ID, n int) ([]snowfl
 	return out, err
 }
 
-// beyond is the backpressure for mb when its lead is beyond MaxLead, else
+// beyond is the backpressure for mb when its lead is beyond maxLead, else
 // nil.
-func (p *Pool) beyond(mb *member) *segment.Backpressure {
+func (p *Pool) beyond(mb *member, maxLead time.Duration) *segment.Backpressure {
 	lead := time.Duration(mb.aheadMs.Load()-snowflake.MsSince(p.cfg.Now())) * time.Millisecond
-	if lead <= p.cfg.MaxLead {
+	if lead <= maxLead {
 		return nil
 	}
-	return &segment.Backpressure{RetryAfter: lead - p.cfg.MaxLead}
+	return &segment.Backpressure{RetryAfter: lead - maxLead}
 }
 
 // Carve carves a shared run for r from the least advanced code, or from
 // the others in turn when it cannot (beyond the lead, r.After beyond its
-// block). The run starts within MaxLead of the clock (r.MaxLead is lowered
-// to it). When every code is beyond the lead, the error is a
-// *segment.Backpressure with the shortest wait.
+// block). The run starts within MaxLead of the clock
+// (r.MaxLead is lowered to it). When every code is beyond the lead, the
+// error is a *segment.Backpressure with the shortest wait.
 func (p *Pool) Carve(ctx context.Context, r carve.Request) (segment.Block, error) {
-	if r.MaxLead == 0 || r.MaxLead > p.cfg.MaxLead {
-		r.MaxLead = p.cfg.MaxLead
-	}
+	r.MaxLead = min(r.MaxLead, p.cfg.MaxLead)
 	var (
 		run     segment.Block
 		wait    *segment.Backpressure
@@ -359,7 +371,7 @@ func (p *Pool) Carve(ctx context.Context, r carve.Request) (segment.Block, error
 		var bp *segment.Backpressure
 		switch {
 		case err == nil:
-			mb.saw((b.Hi - 1) >> snowflake.SequenceBits)
+			p.saw(mb, (b.Hi-1)>>snowflake.SequenceBits)
 			p.demand.Add(b.Len())
 			run = b
 			return false, nil
@@ -385,18 +397,32 @@ func (p *Pool) Carve(ctx context.Context, r carve.Request) (segment.Block, error
 		return segment.Block{}, refusal
 	case wait != nil:
 		p.behind.Store(true)
-		return segment.Block{}, fmt.Errorf("mintpool: every code is ahead of the clock beyond %v: %w", p.cfg.MaxLead, wait)
+		p.wake()
+		return segment.Block{}, fmt.Errorf("mintpool: every code is ahead of the clock beyond %v: %w", r.MaxLead, wait)
 	}
 	return segment.Block{}, err
 }
 
-// saw records that the code handed out millisecond ms.
-func (mb *member) saw(ms int64) {
+// saw records that mb handed out millisecond ms, and wakes Run at once
+// when that puts mb more than MaxLead/growLeadDiv ahead of the clock: a
+// burst should not wait for the next tick to get another code.
+func (p *Pool) saw(mb *member, ms int64) {
 	for {
 		old := mb.aheadMs.Load()
 		if ms <= old || mb.aheadMs.CompareAndSwap(old, ms) {
-			return
+			break
 		}
+	}
+	if time.Duration(ms-snowflake.MsSince(p.cfg.Now()))*time.Millisecond > p.cfg.MaxLead/growLeadDiv {
+		p.wake()
+	}
+}
+
+// wake makes Run measure now.
+func (p *Pool) wake() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
 	}
 }
 
@@ -415,6 +441,7 @@ func (p *Pool) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-p.kick:
 		}
 	}
 }
@@ -439,18 +466,22 @@ func (p *Pool) adjust(ctx context.Context) bool {
 	p.measured = now
 	n := len(p.members())
 	behind := p.behind.Swap(false)
+	lead := p.lead(now)
 	switch {
 	case p.opening || now.Before(p.retryAt):
 	case n == 0 && p.cfg.Keep:
 		p.grow(ctx, now, "the shared path carves from it")
-	case n > 0 && n < p.cfg.MaxCodes && (behind || p.rate > growShare*float64(n)*CodeRate):
+	case n > 0 && n < p.cfg.MaxCodes && (behind || p.rate > growShare*float64(n)*CodeRate || lead > p.cfg.MaxLead/growLeadDiv):
 		why := fmt.Sprintf("demand %.0f IDs/s is above %.0f%% of what %d code(s) mint", p.rate, 100*growShare, n)
-		if behind {
+		switch {
+		case behind:
 			why = fmt.Sprintf("every code was more than %v ahead of the clock", p.cfg.MaxLead)
+		case lead > p.cfg.MaxLead/growLeadDiv:
+			why = fmt.Sprintf("the least advanced code is %v ahead of the clock", lead)
 		}
 		p.grow(ctx, now, why)
 	}
-	if n > 1 && p.rate < shrinkShare*float64(n-1)*CodeRate {
+	if n > 1 && p.rate < shrinkShare*float64(n-1)*CodeRate && lead <= 0 {
 		if p.lowSince.IsZero() {
 			p.lowSince = now
 		} else if now.Sub(p.lowSince) >= shrinkAfter {

@@ -255,3 +255,71 @@ func TestPoolConfig(t *testing.T) {
 		}
 	}
 }
+
+// Eight shared clients at 1M IDs/s each, every run after the client's
+// last ID (as rangeclient asks): the pool takes the codes 8M IDs/s need
+// (3: above 75% of two codes), no run is refused, and none starts 1 s or
+// more ahead of the clock.
+func TestPoolClientsInOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRegion(t, mintpool.Config{MaxCodes: 4, Keep: true})
+		time.Sleep(time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		var (
+			wg      sync.WaitGroup
+			mu      sync.Mutex
+			runs    []segment.Block
+			refused int
+		)
+		for c := range 8 {
+			wg.Go(func() {
+				var after snowflake.ID
+				tick := time.NewTicker(65536 * time.Microsecond) // a run of 65,536 a tick: 1M IDs/s
+				defer tick.Stop()
+				for ctx.Err() == nil {
+					rq := request(segment.MaxShared)
+					rq.After, rq.MaxLead = after, time.Second
+					b, err := r.pool.Carve(ctx, rq)
+					var bp *segment.Backpressure
+					switch {
+					case errors.As(err, &bp):
+						mu.Lock()
+						refused++
+						mu.Unlock()
+						time.Sleep(bp.RetryAfter)
+						continue
+					case err != nil:
+						if ctx.Err() == nil {
+							t.Errorf("client %d: %v", c, err)
+						}
+						return
+					}
+					if b.ID(b.Lo) <= after {
+						t.Errorf("client %d: run [%d,%d) not after its last ID %d", c, b.Lo, b.Hi, after)
+					}
+					if lead := r.leadOf(b.Lo >> snowflake.SequenceBits); lead >= time.Second {
+						t.Errorf("client %d: run starts %v ahead of the clock", c, lead)
+					}
+					after = b.ID(b.Hi - 1)
+					mu.Lock()
+					runs = append(runs, b)
+					mu.Unlock()
+					select {
+					case <-tick.C:
+					case <-ctx.Done():
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if got := r.pool.Codes(); got != 3 {
+			t.Errorf("8 clients at 1M IDs/s: %d codes, want 3 (rate %.0f)", got, r.pool.Rate())
+		}
+		if refused > 0 {
+			t.Errorf("%d runs refused with backpressure at 8M IDs/s on up to 4 codes", refused)
+		}
+		checkDisjoint(t, runs)
+		t.Logf("%d runs, %d codes, lead now %v", len(runs), r.pool.Codes(), r.pool.Lead())
+	})
+}

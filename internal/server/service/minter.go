@@ -2,9 +2,11 @@ package service
 
 import (
 	"context"
+	"time"
 
 	"github.com/idrange/idrange/internal/server/carve"
 	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
 )
 
 // MinterCloser is a Minter that holds resources (a lease) until closed;
@@ -21,6 +23,12 @@ type MinterCloser interface {
 type Carver interface {
 	Minter
 	Carve(ctx context.Context, r carve.Request) (segment.Block, error)
+}
+
+// leadMinter is a Minter that takes a lead bound per call: the minter
+// pool, whose callers above their fair share get a lower one.
+type leadMinter interface {
+	AppendNWithin(ctx context.Context, dst []snowflake.ID, n int, maxLead time.Duration) ([]snowflake.ID, error)
 }
 
 // codeCounter is a Minter that says how many worker codes it holds.

@@ -641,6 +641,7 @@ func (s *Service) mint(ctx context.Context, method string, n int) ([]snowflake.I
 	}
 	var ids []snowflake.ID
 	err := s.rpc(ctx, method, func(ctx context.Context) error {
+		lead := s.cfg.SharedLead
 		if s.shared != nil {
 			// The replica's codes serve the shared path too: MintBatch
 			// and Next count in the aggregate bound and the fair share.
@@ -649,9 +650,14 @@ func (s *Service) mint(ctx context.Context, method string, n int) ([]snowflake.I
 				return err
 			}
 			defer func() { s.shared.settle(ident, "", int64(n), int64(len(ids)), now, false) }()
+			lead = s.leadFor(ident, now)
 		}
 		var err error
-		ids, err = m.AppendN(ctx, make([]snowflake.ID, 0, n), n)
+		if lm, ok := m.(leadMinter); ok {
+			ids, err = lm.AppendNWithin(ctx, make([]snowflake.ID, 0, n), n, lead)
+		} else {
+			ids, err = m.AppendN(ctx, make([]snowflake.ID, 0, n), n)
+		}
 		switch {
 		case err == nil && len(ids) == n:
 		case err == nil:

@@ -12,6 +12,7 @@ import (
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/internal/server/carve"
+	"github.com/idrange/idrange/internal/server/mintpool"
 	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -161,7 +162,7 @@ func (s *Service) allocateShared(ctx context.Context, req *idrangev1.AllocateSha
 	if err := s.takeShare("AllocateShared", ident, n, now, true); err != nil {
 		return nil, reasonOf(err), err
 	}
-	b, err := s.carve(ctx, m, carve.Request{N: n, After: after, MaxLead: s.cfg.SharedLead,
+	b, err := s.carve(ctx, m, carve.Request{N: n, After: after, MaxLead: s.leadFor(ident, now),
 		ValidFor: SharedValidity - SharedMargin, MinLife: SharedMinLife})
 	if err == nil {
 		if cerr := b.CheckShared(s.cfg.Region, n, after); cerr != nil {
@@ -185,6 +186,26 @@ func (s *Service) allocateShared(ctx context.Context, req *idrangev1.AllocateSha
 	}
 	s.shared.settle(ident, clientID, n, b.Len(), now, true)
 	return wire.SharedToProto(b), "", nil
+}
+
+// leadFor is the lead bound for ident's request at now: SharedLead, or
+// heavyLead of it for an identity above its fair share of what the
+// replica's codes mint, so that a burst of a few tenants leaves the rest
+// of the lead to the others (docs/design.md, "The shared path").
+func (s *Service) leadFor(ident string, now time.Time) time.Duration {
+	if s.shared == nil {
+		return s.cfg.SharedLead
+	}
+	capacity := s.shared.total
+	s.mu.Lock()
+	if cc, ok := s.minter.(codeCounter); ok {
+		capacity = float64(cc.Codes()) * mintpool.CodeRate
+	}
+	s.mu.Unlock()
+	if s.shared.overShare(ident, capacity, now) {
+		return time.Duration(heavyLead * float64(s.cfg.SharedLead))
+	}
+	return s.cfg.SharedLead
 }
 
 // shareRefusal is a refusal by the shared limiter: backpressure, with the

@@ -19,6 +19,12 @@ const (
 	// share is judged on: short, so a tenant that just started is not
 	// held to its past.
 	fairWindow = time.Second
+	// heavyLead: a caller above its fair share gets backpressure once the
+	// replica's codes are this share of their lead bound ahead of the
+	// clock, so the rest of the bound (a quarter: about 1M positions per
+	// code) stays for the callers below it, whatever a burst of the
+	// others does.
+	heavyLead = 0.75
 	// maxClientsPerIdentity and maxSharedClients bound the client_ids
 	// remembered for shared_clients: per identity, and in all. Beyond
 	// either, the oldest entries go (a client_id only names a client for
@@ -45,7 +51,7 @@ type sharedLimiter struct {
 	agg     float64   // aggregate tokens (negative: debt)
 	aggAt   time.Time // when agg was last topped up
 	buckets map[string]*sharedBucket
-	active  int          // identities that asked within fairWindow, as of the last sweep
+	active  int          // identities that asked within fairWindow (recounted by sweep)
 	clients *clientIndex // client_id -> service time of its last grant
 	last    time.Time    // last sweep
 	pruned  time.Time    // last walk over clients
@@ -105,6 +111,9 @@ func (l *sharedLimiter) take(ident string, n int64, now time.Time, perIdentity b
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	b := l.bucket(ident, now)
+	if now.Sub(b.askedAt) >= fairWindow {
+		l.active++ // asking again: counted at once, not at the next sweep
+	}
 	b.askedAt = now
 	f := float64(n)
 	if perIdentity && b.tokens < f {
@@ -129,6 +138,20 @@ func (l *sharedLimiter) take(ident string, n int64, now time.Time, perIdentity b
 	}
 	b.recent += f / fairWindow.Seconds()
 	return 0, "", true
+}
+
+// overShare reports whether ident takes more than its fair share at now:
+// the aggregate bound, or what the codes held mint (capacity, IDs/s) if
+// less, over the identities asking.
+func (l *sharedLimiter) overShare(ident string, capacity float64, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := l.buckets[ident]
+	if b == nil {
+		return false
+	}
+	recent := b.recent * math.Exp(-max(now.Sub(b.recentAt).Seconds(), 0)/fairWindow.Seconds())
+	return recent > min(l.total, capacity)/float64(max(l.active, 1))
 }
 
 // settle gives back the IDs a request took but did not use (k of n; k = 0
