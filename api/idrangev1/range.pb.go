@@ -990,7 +990,8 @@ type GetReplicaInfoResponse struct {
 	Region uint32                 `protobuf:"varint,1,opt,name=region,proto3" json:"region,omitempty"` // 0..3, the region whose codes this replica leases
 	// The shared path (AllocateShared) as this replica sees it: distinct
 	// client_ids granted a run in the last minute, and the worker codes its
-	// own minter holds (0 before its first use, else 1).
+	// own minter holds (0 before its first use, then 1 up to rangesvc serve
+	// --shared-codes as demand needs them).
 	SharedClients uint32 `protobuf:"varint,2,opt,name=shared_clients,json=sharedClients,proto3" json:"shared_clients,omitempty"`
 	CodesHeld     uint32 `protobuf:"varint,3,opt,name=codes_held,json=codesHeld,proto3" json:"codes_held,omitempty"`
 	// Whether this replica serves the shared path: it is not switched off
