@@ -43,9 +43,9 @@
 // Scenarios (one test each; the short version runs in go test ./...):
 //
 //	TestEtcdMemberKillAndRestart                kill -9 the etcd leader, restart it; planted duplicate / late ID / late return caught
-//	TestEtcdLeaderKillDefaultClientsRideThrough kill -9 the etcd leader under load, default clients: 0 failed calls, no caller waits for a grant; planted grant wait caught
+//	TestEtcdLeaderKillDefaultClientsRideThrough kill -9 the etcd leader under load, default clients (two on the shared path): 0 failed calls, no caller waits for a grant, time bound per ID; planted grant wait caught
 //	TestEtcdQuorumLossFailsClosedAndRecovers    kill -9 two members past the TTL, default clients: no refusal before the deadline, fail closed, recover; planted early refusal caught
-//	TestRangesvcReplicaKillMidGrants            kill -9 a replica mid-grants, restart on the same address
+//	TestRangesvcReplicaKillMidGrants            kill -9 a replica mid-grants, restart on the same address; two clients on the shared path; time bound per ID
 //	TestClientPausedPastLeaseIsFenced           SIGSTOP a client past its TTL, code to a new owner, SIGCONT
 //	TestServiceClockJumps                       service clock back 2 s, forward 10 s, back to true time
 //	TestReplicasStoppedClientsFailClosed        both replicas SIGSTOPped: clients fail closed by their deadline, then recover
@@ -58,6 +58,7 @@
 //	TestReplicaMintBatchSurvivesLeaseLoss       all etcd SIGSTOPped past the TTL under MintBatch, HTTP and Next calls: none returns IDs after the deadline, then recovers; planted reply duplicates caught
 //	TestPlantedMinterFailuresFailTheRun         a minter crashes (SIGQUIT), another's history stops taking writes: the run fails on each
 //	TestSharedPathClientsPauseReplicaAndLeaderKill  --codes 0 minters on the shared path: SIGSTOP one past every bound, kill -9 a replica, kill -9 the etcd leader; time bound per ID; planted shared duplicates caught
+//	TestSharedClientsQuietPastEveryInterval     --codes 0 minters quiet (SIGUSR1) for 45 s, past every block, renewal and idle interval of theirs and the replicas' minters, then mint (SIGUSR2): no failed call, first call under 1 s, time bound per ID
 //
 // plus fuzz tests of bad input (fuzz_test.go).
 //

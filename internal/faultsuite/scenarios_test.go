@@ -285,7 +285,9 @@ func (s *suite) waitNewLeader(old int, timeout time.Duration) int {
 // renewed every second is safe for only 2-3 s after the kill, so no
 // client could ride through. The default TTL is what a user runs.
 func TestEtcdLeaderKillDefaultClientsRideThrough(t *testing.T) {
-	s := newSuite(t, options{clientDefaults: true, leaseTTL: store.DefaultLeaseTTL})
+	// Two of the clients on the shared path (issue 32), every ID held to
+	// the time bound.
+	s := newSuite(t, options{clientDefaults: true, leaseTTL: store.DefaultLeaseTTL, sharedMinters: 2, timeBound: true})
 	s.waitMinting(s.mono0, 2000, time.Minute)
 	s.hold(time.Second)
 
@@ -576,7 +578,9 @@ func TestEtcdQuorumLossFailsClosedAndRecovers(t *testing.T) {
 // restart it on the same address, then kill the other so the restarted one
 // must serve alone.
 func TestRangesvcReplicaKillMidGrants(t *testing.T) {
-	s := newSuite(t, options{refill: 50 * time.Millisecond})
+	// Two clients on the shared path too (issue 32): each kill takes the
+	// code their runs are carved from.
+	s := newSuite(t, options{refill: 50 * time.Millisecond, sharedMinters: 2, timeBound: true})
 	s.waitMinting(s.mono0, 2000, time.Minute)
 	s.hold(time.Second)
 

@@ -16,6 +16,11 @@
 // closes the client and exits 1 naming the write error. Any exit other
 // than 0 after SIGTERM fails the fault suite's scenario.
 //
+// SIGUSR1 makes it quiet: it stops minting but keeps its client open and
+// idle (its runs and blocks expire, its lease is renewed), as an
+// application between bursts of work; SIGUSR2 resumes minting. Each is
+// noted in the history ("quiet", "resume").
+//
 // With --exit-on-stdin-eof the process exits when its stdin closes (its
 // parent test process is gone); what it reads from stdin is ignored. The
 // client reads only Go's monotonic clock, so there is no client clock to
@@ -178,7 +183,10 @@ func run(args []string) error {
 	}
 	fmt.Printf("READY %s %d\n", c.name, os.Getpid())
 
-	minted, failed, merr := mint(ctx, c, cli, rec)
+	quiet := make(chan os.Signal, 4)
+	signal.Notify(quiet, syscall.SIGUSR1, syscall.SIGUSR2)
+	defer signal.Stop(quiet)
+	minted, failed, merr := mint(ctx, c, cli, rec, quiet)
 	cerr := cli.Close()
 	log.Info("stopped", "minted", minted, "failed_calls", failed, "close_err", cerr, "history_err", merr)
 	if merr != nil {
@@ -190,8 +198,9 @@ func run(args []string) error {
 // mint hands out IDs at c.rate in calls of c.batch until ctx ends. Every ID
 // is recorded with the time before the call started (t0) and after it
 // returned (t1); a failed call is recorded with its class. It stops with an
-// error as soon as the history fails to record (see Recorder.Err).
-func mint(ctx context.Context, c config, cli *rangeclient.Client, rec *history.Recorder) (minted, failed int64, histErr error) {
+// error as soon as the history fails to record (see Recorder.Err). A
+// SIGUSR1 on quiet stops minting until a SIGUSR2.
+func mint(ctx context.Context, c config, cli *rangeclient.Client, rec *history.Recorder, quiet <-chan os.Signal) (minted, failed int64, histErr error) {
 	interval := time.Duration(int64(time.Second) * int64(c.batch) / int64(c.rate))
 	buf := make([]snowflake.ID, 0, c.batch)
 	next := time.Now()
@@ -199,6 +208,19 @@ func mint(ctx context.Context, c config, cli *rangeclient.Client, rec *history.R
 	defer timer.Stop()
 	<-timer.C
 	for ctx.Err() == nil {
+		select {
+		case sig := <-quiet:
+			if sig != syscall.SIGUSR1 {
+				break
+			}
+			rec.Note(history.Now(), "quiet")
+			if !waitResume(ctx, quiet) {
+				return minted, failed, nil
+			}
+			rec.Note(history.Now(), "resume")
+			next = time.Now()
+		default:
+		}
 		t0 := history.Now()
 		cctx, cancel := context.WithTimeout(ctx, c.callTimeout)
 		ids, err := cli.AppendN(cctx, buf[:0], c.batch)
@@ -234,6 +256,20 @@ func mint(ctx context.Context, c config, cli *rangeclient.Client, rec *history.R
 		}
 	}
 	return minted, failed, nil
+}
+
+// waitResume waits for a SIGUSR2 on quiet; false when ctx ends first.
+func waitResume(ctx context.Context, quiet <-chan os.Signal) bool {
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case sig := <-quiet:
+			if sig == syscall.SIGUSR2 {
+				return true
+			}
+		}
+	}
 }
 
 // classify names a minting error in one word for the history.
