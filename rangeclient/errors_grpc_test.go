@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/idrange/idrange/internal/server/service"
-	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/internal/testing/grpctest"
+	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/rangeclient/rangeclienttest"
 	"github.com/idrange/idrange/segment"
 )

@@ -19,9 +19,9 @@ import (
 	"github.com/idrange/idrange/internal/server/cli"
 	"github.com/idrange/idrange/internal/server/embedetcd/embedetcdtest"
 	"github.com/idrange/idrange/internal/server/service"
-	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
 	"github.com/idrange/idrange/internal/testing/testenv"
+	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )

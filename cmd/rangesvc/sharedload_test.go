@@ -13,9 +13,9 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
-	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/internal/testing/measure"
 	"github.com/idrange/idrange/internal/testing/testenv"
+	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 	"github.com/idrange/idrange/tlsfiles"

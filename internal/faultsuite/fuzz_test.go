@@ -19,7 +19,7 @@ import (
 	"github.com/idrange/idrange/internal/server/service"
 	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/server/store/etcdstore"
-	"github.com/idrange/idrange/internal/server/wire"
+	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )

@@ -11,8 +11,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
-	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/internal/testing/testpki"
+	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/segment"
 )
 

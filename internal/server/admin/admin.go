@@ -41,7 +41,7 @@ import (
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/internal/server/regionid"
 	"github.com/idrange/idrange/internal/server/store"
-	"github.com/idrange/idrange/internal/server/wire"
+	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -132,7 +132,7 @@ func (s *Server) Register(srv grpc.ServiceRegistrar) {
 }
 
 // toStatus maps an error to a gRPC status: segment's sentinels as the
-// RangeService maps them (internal/server/wire), etcd's own statuses kept.
+// RangeService maps them (internal/wire), etcd's own statuses kept.
 func toStatus(err error) error {
 	if err == nil {
 		return nil

@@ -20,8 +20,8 @@ import (
 	"github.com/idrange/idrange/internal/server/etcdspace"
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/store/etcdstore"
-	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
+	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/segment"
 )
 

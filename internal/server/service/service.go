@@ -9,7 +9,7 @@
 //     count 1..MaxBlock, lease present) and answers InvalidArgument with a
 //     message naming the field. Fail closed: a request the store would have to
 //     guess about never reaches it.
-//   - It maps the store's sentinel errors to gRPC statuses (internal/server/wire), so
+//   - It maps the store's sentinel errors to gRPC statuses (internal/wire), so
 //     clients can tell fenced (stop minting) from backpressure (retry later).
 //     The caller's verified identity, when the server runs mutual TLS, is
 //     put in the context by internal/server/authz's interceptor
@@ -47,7 +47,7 @@ import (
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/internal/server/mintpool"
-	"github.com/idrange/idrange/internal/server/wire"
+	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )

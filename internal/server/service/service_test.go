@@ -17,8 +17,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
-	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/internal/testing/grpctest"
+	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )

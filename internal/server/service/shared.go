@@ -13,7 +13,7 @@ import (
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/internal/server/carve"
 	"github.com/idrange/idrange/internal/server/mintpool"
-	"github.com/idrange/idrange/internal/server/wire"
+	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )

@@ -14,9 +14,9 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
 	"github.com/idrange/idrange/internal/testing/measure"
+	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )

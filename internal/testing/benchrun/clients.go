@@ -12,8 +12,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/internal/testing/measure"
+	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"

@@ -15,8 +15,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
-	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/internal/testing/measure"
+	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"

@@ -11,7 +11,7 @@ import (
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/server/service"
-	"github.com/idrange/idrange/internal/server/wire"
+	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 )

@@ -26,8 +26,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/idrange/idrange/internal/server/wire"
 	"github.com/idrange/idrange/internal/testing/localregion"
+	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/segment"
 )
 
