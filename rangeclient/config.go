@@ -2,37 +2,30 @@ package rangeclient
 
 import (
 	"crypto/tls"
-	"fmt"
 	"log/slog"
-	"net"
-	"os"
-	"strconv"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
-	"github.com/idrange/idrange/internal/server/clienttune"
+	"github.com/idrange/idrange/internal/client/engine"
 	"github.com/idrange/idrange/segment"
-	"github.com/idrange/idrange/snowflake"
 )
 
 // MaxCodes bounds Config.Codes: 16 codes are 65M IDs/s, far beyond what one
 // process can use, and a region has only 256 codes for its whole fleet.
-const MaxCodes = 16
+const MaxCodes = engine.MaxCodes
 
 // Defaults for Config fields left zero.
 const (
 	// DefaultRefillInterval is the span of time one block should last: with
 	// the time-following cursor a block of n linear units lives about
 	// n/4096 ms whatever the rate, so 1 s is 4,096,000 units.
-	DefaultRefillInterval = time.Second
+	DefaultRefillInterval = engine.DefaultRefillInterval
 	// DefaultSafetyMargin is subtracted from the granted TTL for the safety
 	// deadline. It covers clock-rate differences between this host and the
 	// etcd leader and the client's own detection delay.
-	DefaultSafetyMargin = time.Second
+	DefaultSafetyMargin = engine.DefaultSafetyMargin
 )
 
 // Config configures a Client. Exactly one of Targets and Allocator is
@@ -44,7 +37,7 @@ type Config struct {
 	// next when a call finds it unavailable or slow, retrying the call
 	// there at once; connections reconnect with exponential backoff
 	// (BackoffBase..BackoffMax). A single entry with a scheme
-	// ("dns:///rangesvc.internal:7400") is one gRPC connection balancing
+	// ("dns:///rangesvc.internal:7070") is one gRPC connection balancing
 	// round_robin over what the name resolves to.
 	Targets []string
 	// TLS, if set, secures the connections to Targets with it (the server
@@ -141,118 +134,27 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Logger receives lease and refill events; nil discards them.
 	Logger *slog.Logger
-
-	// tune holds the knobs only benchmarks and tests turn (block sizes,
-	// prefetch, idleness, timeouts, renewal period, backoff): set through
-	// internal/server/clienttune, defaults for everyone else.
-	tune clienttune.Tuning
-}
-
-func init() {
-	clienttune.Register(func(cfg any, t clienttune.Tuning) any {
-		c := cfg.(Config)
-		c.tune = t
-		return c
-	})
-}
-
-// withDefaults returns c with zero fields replaced by their defaults.
-func (c Config) withDefaults() Config {
-	if c.Owner == "" {
-		host, err := os.Hostname()
-		if err != nil || host == "" {
-			host = "unknown-host"
-		}
-		c.Owner = fmt.Sprintf("%s/%d", host, os.Getpid())
-		if len(c.Owner) > segment.MaxOwnerLen {
-			c.Owner = c.Owner[:segment.MaxOwnerLen]
-			for !utf8.ValidString(c.Owner) {
-				c.Owner = c.Owner[:len(c.Owner)-1]
-			}
-		}
-	}
-	if c.RefillInterval == 0 {
-		c.RefillInterval = DefaultRefillInterval
-	}
-	if c.SafetyMargin == 0 {
-		c.SafetyMargin = DefaultSafetyMargin
-	}
-	c.tune = c.tune.WithDefaults()
-	return c
 }
 
 // Validate reports the first field of c (after defaults) that is out of
 // range, wrapping ErrInvalidConfig with the field's name and value.
-func (c Config) Validate() error {
-	c = c.withDefaults()
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf(format+": %w", append(args, ErrInvalidConfig)...)
-	}
-	switch {
-	case len(c.Targets) == 0 && c.Allocator == nil:
-		return bad("one of Config.Targets and Config.Allocator is required")
-	case len(c.Targets) > 0 && c.Allocator != nil:
-		return bad("Config.Targets (%d entries) and Config.Allocator are mutually exclusive", len(c.Targets))
-	case c.TLS != nil && c.Allocator != nil:
-		return bad("Config.TLS applies to Targets, not to an in-process Config.Allocator")
-	}
-	if err := checkTargets(c.Targets); err != nil {
-		return err
-	}
-	if err := segment.ValidateOwner(c.Owner); err != nil {
-		return bad("Config.Owner: %w", err)
-	}
-	switch {
-	case c.Region < 0 || c.Region > snowflake.MaxRegion:
-		return bad("Config.Region %d not in 0..%d", c.Region, snowflake.MaxRegion)
-	case c.RefillInterval < time.Millisecond:
-		return bad("Config.RefillInterval %v must be at least 1ms", c.RefillInterval)
-	case c.tune.MinBlock < 1:
-		return bad("tuning MinBlock %d must be at least 1", c.tune.MinBlock)
-	case c.tune.MaxBlock < c.tune.MinBlock:
-		return bad("tuning MaxBlock %d is below tuning MinBlock %d", c.tune.MaxBlock, c.tune.MinBlock)
-	case int64(c.tune.MaxBlock) > segment.MaxBlockLimit:
-		return bad("tuning MaxBlock %d exceeds the limit %d", c.tune.MaxBlock, segment.MaxBlockLimit)
-	case c.tune.FixedBlock < 0 || int64(c.tune.FixedBlock) > segment.MaxBlockLimit:
-		return bad("tuning FixedBlock %d not in 0..%d (0 = adaptive)", c.tune.FixedBlock, segment.MaxBlockLimit)
-	case !(c.tune.PrefetchThreshold > 0 && c.tune.PrefetchThreshold <= 1): // also rejects NaN
-		return bad("tuning PrefetchThreshold %v not in (0, 1]", c.tune.PrefetchThreshold)
-	case c.tune.RPCTimeout < 0:
-		return bad("tuning RPCTimeout %v is negative", c.tune.RPCTimeout)
-	case c.SafetyMargin < 0:
-		return bad("Config.SafetyMargin %v is negative", c.SafetyMargin)
-	case c.tune.RenewPeriod < 0:
-		return bad("tuning RenewPeriod %v is negative", c.tune.RenewPeriod)
-	case c.tune.BackoffBase <= 0:
-		return bad("tuning BackoffBase %v must be positive", c.tune.BackoffBase)
-	case c.Codes < 0 || c.Codes > MaxCodes:
-		return bad("Config.Codes %d not in 0..%d (0 = automatic)", c.Codes, MaxCodes)
-	case c.tune.BackoffMax < c.tune.BackoffBase:
-		return bad("tuning BackoffMax %v is below tuning BackoffBase %v", c.tune.BackoffMax, c.tune.BackoffBase)
-	}
-	return nil
-}
+func (c Config) Validate() error { return c.engine().Validate() }
 
-// checkTargets accepts "host:port" entries, or one entry with a gRPC scheme.
-func checkTargets(ts []string) error {
-	for i, t := range ts {
-		if strings.Contains(t, "://") {
-			if len(ts) != 1 {
-				return fmt.Errorf("Config.Targets[%d] %q has a scheme; a target with a scheme must be the only one: %w", i, t, ErrInvalidConfig)
-			}
-			continue
-		}
-		host, port, err := net.SplitHostPort(t)
-		if err != nil {
-			return fmt.Errorf("Config.Targets[%d] %q is not host:port: %v: %w", i, t, err, ErrInvalidConfig)
-		}
-		p, err := strconv.Atoi(port)
-		if err != nil || p < 1 || p > 65535 {
-			return fmt.Errorf("Config.Targets[%d] %q: port %q not in 1..65535: %w", i, t, port, ErrInvalidConfig)
-		}
-		if host == "" {
-			return fmt.Errorf("Config.Targets[%d] %q has no host: %w", i, t, ErrInvalidConfig)
-		}
+// engine is c as the engine's configuration, with the engine's default
+// tuning.
+func (c Config) engine() engine.Config {
+	return engine.Config{
+		Targets:        c.Targets,
+		TLS:            c.TLS,
+		DialOptions:    c.DialOptions,
+		Allocator:      c.Allocator,
+		Region:         c.Region,
+		Codes:          c.Codes,
+		Owner:          c.Owner,
+		RefillInterval: c.RefillInterval,
+		MaxReserve:     c.MaxReserve,
+		SafetyMargin:   c.SafetyMargin,
+		Registerer:     c.Registerer,
+		Logger:         c.Logger,
 	}
-	return nil
 }

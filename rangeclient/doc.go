@@ -5,7 +5,7 @@
 //
 // Two lines are all a program needs:
 //
-//	c, err := rangeclient.New(ctx, rangeclient.Config{Targets: []string{"rangesvc:7400"}})
+//	c, err := rangeclient.New(ctx, rangeclient.Config{Targets: []string{"rangesvc:7070"}})
 //	id, err := c.Next(ctx)
 //
 // # How it works

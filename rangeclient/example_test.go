@@ -11,12 +11,13 @@ import (
 )
 
 // The two lines a program needs: connect to the region's rangesvc replicas
-// and mint. (Compile-only: it needs a running service.)
+// (two hosts, on the default port) and mint. (Compile-only: it needs a
+// running service.)
 func ExampleNew() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 
-	c, err := rangeclient.New(ctx, rangeclient.Config{Targets: []string{"127.0.0.1:7400", "127.0.0.1:7401"}, Region: 1})
+	c, err := rangeclient.New(ctx, rangeclient.Config{Targets: []string{"10.0.1.5:7070", "10.0.1.6:7070"}, Region: 1})
 	if err != nil {
 		log.Fatal(err)
 	}

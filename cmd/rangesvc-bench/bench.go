@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/idrange/idrange/internal/client/engine"
 	"github.com/idrange/idrange/internal/server/cli"
-	"github.com/idrange/idrange/internal/server/clienttune"
 	"github.com/idrange/idrange/internal/testing/benchrun"
 	"github.com/idrange/idrange/rangeclient"
 )
@@ -52,9 +52,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		burstEvery    = fs.Duration("burst-every", benchrun.DefaultBurstEvery, "interval between bursts")
 		refill        = fs.Duration("refill-interval", rangeclient.DefaultRefillInterval, "rangeclient RefillInterval (block span)")
 		fixedBlock    = fs.Int("block", 0, "rangeclient block size in linear units (0: adaptive)")
-		prefetch      = fs.Float64("prefetch", clienttune.DefaultPrefetchThreshold, "rangeclient prefetch threshold (0, 1]")
-		rpcTimeout    = fs.Duration("rpc-timeout", clienttune.DefaultRPCTimeout, "rangeclient RPC timeout (each lease/refill call)")
-		idleTimeout   = fs.Duration("idle-timeout", clienttune.DefaultIdleTimeout, "rangeclient idleness: stop refilling after this long without a minted ID")
+		prefetch      = fs.Float64("prefetch", engine.DefaultPrefetchThreshold, "rangeclient prefetch threshold (0, 1]")
+		rpcTimeout    = fs.Duration("rpc-timeout", engine.DefaultRPCTimeout, "rangeclient RPC timeout (each lease/refill call)")
+		idleTimeout   = fs.Duration("idle-timeout", engine.DefaultIdleTimeout, "rangeclient idleness: stop refilling after this long without a minted ID")
 		failOnErrors  = fs.Bool("fail-on-errors", false, "exit 1 also when Next calls failed (default: only on a verification failure)")
 		etcdPerRegion = fs.Bool("etcd-per-region", false, "one embedded etcd per region instead of one shared")
 		cpuHog        = fs.Int("cpu-hog", 0, fmt.Sprintf("cores a child process keeps busy during the run, to reproduce overload (0..%d; 0: off)", benchrun.MaxCPUHog()))

@@ -24,9 +24,8 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 
-	"github.com/idrange/idrange/internal/server/clienttune"
+	"github.com/idrange/idrange/internal/client/engine"
 	"github.com/idrange/idrange/internal/testing/testenv"
-	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/tlsfiles"
 )
 
@@ -81,8 +80,8 @@ func TestFloodSubprocess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := rangeclient.New(ctx, clienttune.With(rangeclient.Config{Targets: []string{p.GRPCAddr}, TLS: clientTLS, Owner: "flood-test"},
-		clienttune.Tuning{RenewPeriod: time.Second})) // a call every second: the connection is never idle for --idle-timeout
+	c, err := engine.New(ctx, engine.Config{Targets: []string{p.GRPCAddr}, TLS: clientTLS, Owner: "flood-test",
+		Tuning: engine.Tuning{RenewPeriod: time.Second}}) // a call every second: the connection is never idle for --idle-timeout
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,7 +303,7 @@ type mintPhase struct {
 
 func (p mintPhase) rate() float64 { return float64(p.n) / p.end.Sub(p.start).Seconds() }
 
-func startMinter(ctx context.Context, c *rangeclient.Client) *pacedMinter {
+func startMinter(ctx context.Context, c *engine.Engine) *pacedMinter {
 	now := time.Now()
 	m := &pacedMinter{cur: mintPhase{start: now}, last: now, done: make(chan struct{})}
 	m.wg.Go(func() {

@@ -6,10 +6,10 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/idrange/idrange/internal/client/engine"
+	"github.com/idrange/idrange/internal/server/mintpool"
 	"github.com/idrange/idrange/internal/server/region"
-	"github.com/idrange/idrange/internal/server/service"
 	"github.com/idrange/idrange/internal/server/store"
-	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 )
 
@@ -21,11 +21,12 @@ func (c serveConfig) storeConfig() store.Config {
 	}
 }
 
-// nextMinter opens the minter behind the Next RPC (the per-ID baseline): a
-// rangeclient over the replica's own store, holding a lease as owner.
+// nextMinter opens one code's minter of the replica's own (MintBatch, Next,
+// the shared path): a client engine over the replica's own store, holding
+// a lease as owner.
 func nextMinter(owner string, log *slog.Logger) region.NextFunc {
-	return func(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error) {
-		return rangeclient.New(ctx, rangeclient.Config{
+	return func(ctx context.Context, a segment.Allocator, region int) (mintpool.Minter, error) {
+		return engine.New(ctx, engine.Config{
 			Allocator: a,
 			Region:    region,
 			Owner:     owner,

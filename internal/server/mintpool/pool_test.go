@@ -10,9 +10,9 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/idrange/idrange/internal/server/carve"
+	"github.com/idrange/idrange/internal/carve"
+	"github.com/idrange/idrange/internal/client/engine"
 	"github.com/idrange/idrange/internal/server/mintpool"
-	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/rangeclient/rangeclienttest"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -40,12 +40,12 @@ func newRegion(t *testing.T, cfg mintpool.Config) *region {
 			r.fail.Add(-1)
 			return nil, fmt.Errorf("planted failure: %w", segment.ErrUnavailable)
 		}
-		c, err := rangeclient.New(ctx, rangeclient.Config{Allocator: r.svc.Conn(), Region: 1, Codes: 1, Owner: "pool"})
+		e, err := engine.New(ctx, engine.Config{Allocator: r.svc.Conn(), Region: 1, Codes: 1, Owner: "pool"})
 		if err != nil {
 			return nil, err
 		}
 		r.opened.Add(1)
-		return mintpool.Carving(c), nil
+		return e, nil
 	}
 	p, err := mintpool.New(cfg)
 	if err != nil {

@@ -36,10 +36,11 @@ import (
 // rangesvc serve's connection to etcd).
 const DefaultEtcdTimeout = 5 * time.Second
 
-// NextFunc opens the minter behind the Next RPC over the replica's own
-// store; rangesvc serve passes a rangeclient.New. (This package does not
-// import rangeclient, so that rangeclient's own tests can stand up regions.)
-type NextFunc func(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error)
+// NextFunc opens one code's minter of the replica's own (MintBatch, Next
+// and the shared path) over the replica's store; rangesvc serve passes an
+// internal/client/engine.New with Codes 1. (This package does not import
+// the client engine, so that the engine's own tests can stand up regions.)
+type NextFunc func(ctx context.Context, a segment.Allocator, region int) (mintpool.Minter, error)
 
 // ReplicaConfig is what one range-service replica is built from. `rangesvc
 // serve` fills it from its flags; Start fills it for in-process regions, so
@@ -235,11 +236,7 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 				// mutual TLS carries that caller's identity. The minter's
 				// lease is the replica's own (renewed from its background
 				// loop, without any caller), so it is taken without one.
-				m, err := open(authz.WithIdentity(ctx, ""), st, region)
-				if err != nil {
-					return nil, err
-				}
-				return mintpool.Carving(m), nil
+				return open(authz.WithIdentity(ctx, ""), st, region)
 			},
 			MaxCodes: cfg.SharedCodes,
 			Keep:     cfg.SharedRate >= 0,

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/cockroachdb/errors"
+	"github.com/idrange/idrange/internal/client/engine"
+	"github.com/idrange/idrange/internal/server/mintpool"
 	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/testing/fakeclock"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -17,10 +19,8 @@ import (
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
 	"github.com/idrange/idrange/internal/server/embedetcd/embedetcdtest"
-	"github.com/idrange/idrange/internal/server/service"
 	"github.com/idrange/idrange/internal/testing/localregion"
 	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
-	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -186,10 +186,10 @@ func TestStaleTokenIsFencedOverGRPC(t *testing.T) {
 	}
 }
 
-// The Next RPC mints on the replica's own lease through rangeclient.
+// The Next RPC mints on the replica's own lease through the client engine.
 func TestNextRPC(t *testing.T) {
-	r := regiontest.Start(t, localregion.Config{Region: 3, NextMinter: func(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error) {
-		return rangeclient.New(ctx, rangeclient.Config{Allocator: a, Region: region, Owner: "testenv next"})
+	r := regiontest.Start(t, localregion.Config{Region: 3, NextMinter: func(ctx context.Context, a segment.Allocator, region int) (mintpool.Minter, error) {
+		return engine.New(ctx, engine.Config{Allocator: a, Region: region, Owner: "testenv next"})
 	}})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

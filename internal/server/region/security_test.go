@@ -18,9 +18,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
+	"github.com/idrange/idrange/internal/carve"
 	"github.com/idrange/idrange/internal/server/authz"
+	"github.com/idrange/idrange/internal/server/mintpool"
 	"github.com/idrange/idrange/internal/server/region"
-	"github.com/idrange/idrange/internal/server/service"
 	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/testing/localregion"
 	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
@@ -372,7 +373,7 @@ func TestMutualTLS(t *testing.T) {
 // identityMinter records the caller identity its NextFunc was opened with.
 type identityMinter struct{ opened chan string }
 
-func (m identityMinter) open(ctx context.Context, _ segment.Allocator, _ int) (service.MinterCloser, error) {
+func (m identityMinter) open(ctx context.Context, _ segment.Allocator, _ int) (mintpool.Minter, error) {
 	m.opened <- authz.IdentityFrom(ctx)
 	return fixedMinter{}, nil
 }
@@ -386,6 +387,9 @@ func (fixedMinter) AppendN(_ context.Context, dst []snowflake.ID, n int) ([]snow
 	return dst, nil
 }
 func (fixedMinter) Close() error { return nil }
+func (fixedMinter) Carve(context.Context, carve.Request) (segment.Block, error) {
+	return segment.Block{}, carve.ErrNotCarver
+}
 
 // serveMinterReplica serves a replica of s's region over mutual TLS with
 // m as its Next minter and the given shared rate, stopped when the test

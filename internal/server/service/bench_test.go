@@ -5,10 +5,10 @@ import (
 	"testing"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
-	"github.com/idrange/idrange/internal/server/service"
+	"github.com/idrange/idrange/internal/client/engine"
+	"github.com/idrange/idrange/internal/server/mintpool"
 	"github.com/idrange/idrange/internal/testing/localregion"
 	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
-	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 )
 
@@ -33,8 +33,8 @@ func BenchmarkAllocateBlock(b *testing.B) {
 // BenchmarkNextRPC is the per-ID baseline: one gRPC round trip per ID (the
 // replica mints from its own buffered client, so etcd is rarely touched).
 func BenchmarkNextRPC(b *testing.B) {
-	r := regiontest.Start(b, localregion.Config{Region: 0, NextMinter: func(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error) {
-		return rangeclient.New(ctx, rangeclient.Config{Allocator: a, Region: region})
+	r := regiontest.Start(b, localregion.Config{Region: 0, NextMinter: func(ctx context.Context, a segment.Allocator, region int) (mintpool.Minter, error) {
+		return engine.New(ctx, engine.Config{Allocator: a, Region: region})
 	}})
 	ctx := context.Background()
 	if _, err := r.EnableNext(ctx); err != nil {

@@ -12,7 +12,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
+	"github.com/idrange/idrange/internal/carve"
 	"github.com/idrange/idrange/internal/server/mintpool"
+	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -28,6 +30,9 @@ func (c *countingMinter) AppendN(_ context.Context, dst []snowflake.ID, n int) (
 	return dst, nil
 }
 func (c *countingMinter) Close() error { c.closed.Store(true); return nil }
+func (c *countingMinter) Carve(context.Context, carve.Request) (segment.Block, error) {
+	return segment.Block{}, carve.ErrNotCarver
+}
 
 // MintBatch hands out exactly count IDs from the replica's minter for every
 // count in 1..MaxMintBatch, and counts them.
@@ -67,7 +72,7 @@ func TestMintBatchBadCount(t *testing.T) {
 	opened := 0
 	pool, err := mintpool.New(mintpool.Config{Open: func(context.Context) (mintpool.Minter, error) {
 		opened++
-		return mintpool.Carving(&countingMinter{}), nil
+		return &countingMinter{}, nil
 	}})
 	if err != nil {
 		t.Fatal(err)

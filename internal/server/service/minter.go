@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/idrange/idrange/internal/server/carve"
+	"github.com/idrange/idrange/internal/carve"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )

@@ -10,8 +10,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
+	"github.com/idrange/idrange/internal/carve"
 	"github.com/idrange/idrange/internal/server/authz"
-	"github.com/idrange/idrange/internal/server/carve"
 	"github.com/idrange/idrange/internal/server/mintpool"
 	"github.com/idrange/idrange/internal/wire"
 	"github.com/idrange/idrange/segment"

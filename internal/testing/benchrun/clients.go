@@ -12,9 +12,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/idrange/idrange/internal/client/engine"
 	"github.com/idrange/idrange/internal/testing/measure"
 	"github.com/idrange/idrange/internal/wire"
-	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -125,11 +125,11 @@ func startClients(ctx context.Context, env *Env, cfg Config) (*fleet, int64, err
 			defer func() { <-sem }()
 			cc := cfg.clientConfig(reg.Addr(), alloc, reg.RegionID(), index)
 			var (
-				c   *rangeclient.Client
+				c   *engine.Engine
 				err error
 			)
 			for attempt := range setupAttempts {
-				if c, err = rangeclient.New(sctx, cc); err == nil || sctx.Err() != nil {
+				if c, err = engine.New(sctx, cc); err == nil || sctx.Err() != nil {
 					break
 				}
 				setupRetries.Add(1)

@@ -8,9 +8,8 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/idrange/idrange/internal/server/clienttune"
+	"github.com/idrange/idrange/internal/client/engine"
 	"github.com/idrange/idrange/internal/server/service"
-	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -181,12 +180,12 @@ func (c Config) Validate() error {
 	return cc.Validate()
 }
 
-// baseClient is the workers' rangeclient settings (tuning, logger), common
-// to every worker.
-func (c Config) baseClient() rangeclient.Config {
-	return clienttune.With(rangeclient.Config{RefillInterval: c.RefillInterval, Logger: c.Logger},
-		clienttune.Tuning{FixedBlock: c.FixedBlock, PrefetchThreshold: c.PrefetchThreshold, RPCTimeout: c.RPCTimeout,
-			IdleTimeout: c.IdleTimeout})
+// baseClient is the workers' client engine settings (tuning, logger),
+// common to every worker.
+func (c Config) baseClient() engine.Config {
+	return engine.Config{RefillInterval: c.RefillInterval, Logger: c.Logger,
+		Tuning: engine.Tuning{FixedBlock: c.FixedBlock, PrefetchThreshold: c.PrefetchThreshold, RPCTimeout: c.RPCTimeout,
+			IdleTimeout: c.IdleTimeout}}
 }
 
 // codesPerRegion is how many worker codes a region has.
@@ -219,7 +218,7 @@ func (c Config) DedicatedWorkers() int {
 // region with code region. A worker with a code of its own dials addr
 // itself (Codes 1); the others (Codes 0) use alloc, a connection of the
 // region's pool.
-func (c Config) clientConfig(addr string, alloc segment.Allocator, region, index int) rangeclient.Config {
+func (c Config) clientConfig(addr string, alloc segment.Allocator, region, index int) engine.Config {
 	cc := c.baseClient()
 	if index < c.DedicatedWorkers() {
 		cc.Targets = []string{addr}

@@ -7,11 +7,11 @@ import (
 
 	"github.com/cockroachdb/errors"
 
+	"github.com/idrange/idrange/internal/client/engine"
+	"github.com/idrange/idrange/internal/server/mintpool"
 	"github.com/idrange/idrange/internal/server/region"
-	"github.com/idrange/idrange/internal/server/service"
 	"github.com/idrange/idrange/internal/testing/localregion"
 	"github.com/idrange/idrange/internal/testing/measure"
-	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 )
 
@@ -64,10 +64,10 @@ func StartEnv(ctx context.Context, cfg Config) (*Env, error) {
 }
 
 // nextMinter opens a replica's Next minter as rangesvc serve does: a
-// rangeclient over the replica's own store, holding one code.
+// client engine over the replica's own store, holding one code.
 func nextMinter(log *slog.Logger) region.NextFunc {
-	return func(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error) {
-		return rangeclient.New(ctx, rangeclient.Config{Allocator: a, Region: region, Owner: "bench/next-minter", Logger: log})
+	return func(ctx context.Context, a segment.Allocator, region int) (mintpool.Minter, error) {
+		return engine.New(ctx, engine.Config{Allocator: a, Region: region, Owner: "bench/next-minter", Logger: log})
 	}
 }
 

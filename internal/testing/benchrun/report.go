@@ -6,9 +6,9 @@ import (
 
 	"github.com/cockroachdb/errors"
 
+	"github.com/idrange/idrange/internal/client/engine"
 	"github.com/idrange/idrange/internal/testing/localregion"
 	"github.com/idrange/idrange/internal/testing/measure"
-	"github.com/idrange/idrange/rangeclient"
 )
 
 // Report is the outcome of a Run.
@@ -193,7 +193,7 @@ func newReport(cfg Config) *Report {
 		rep.Fleet.SharedRate = cfg.SharedRate
 	}
 	if rep.Fleet.RefillInterval == 0 {
-		rep.Fleet.RefillInterval = Dur(rangeclient.DefaultRefillInterval)
+		rep.Fleet.RefillInterval = Dur(engine.DefaultRefillInterval)
 	}
 	return rep
 }

@@ -7,8 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idrange/idrange/internal/client/engine"
 	"github.com/idrange/idrange/internal/testing/measure"
-	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/snowflake"
 )
 
@@ -18,7 +18,7 @@ type worker struct {
 	region, index int
 	code          measure.Code // the first code held; zero for a Codes-0 worker
 	shared        bool         // started with Codes 0 (on the shared path)
-	c             *rangeclient.Client
+	c             *engine.Engine
 	lat           *latencies // shared with the workers of its shard
 
 	n      int64 // IDs kept
@@ -168,7 +168,7 @@ func (w *worker) next(ctx context.Context, now *time.Time) (snowflake.ID, time.D
 		if w.err == nil {
 			w.err = err
 		}
-		if !rangeclient.IsRetryable(err) {
+		if !engine.IsRetryable(err) {
 			return 0, 0, false
 		}
 		if !sleepUntil(ctx, now.Add(time.Millisecond)) {

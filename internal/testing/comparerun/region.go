@@ -7,9 +7,9 @@ import (
 
 	"github.com/cockroachdb/errors"
 
-	"github.com/idrange/idrange/internal/server/service"
+	"github.com/idrange/idrange/internal/client/engine"
+	"github.com/idrange/idrange/internal/server/mintpool"
 	"github.com/idrange/idrange/internal/testing/localregion"
-	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 )
 
@@ -40,7 +40,7 @@ func RunWithRegion(ctx context.Context, cfg Config) (*Report, error) {
 }
 
 // nextMinter serves the region's Next and MintBatch RPCs as rangesvc
-// serve does: a rangeclient over the region's own store.
-func nextMinter(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error) {
-	return rangeclient.New(ctx, rangeclient.Config{Allocator: a, Region: region, Owner: "rangesvc/next-rpc"})
+// serve does: a client engine over the region's own store.
+func nextMinter(ctx context.Context, a segment.Allocator, region int) (mintpool.Minter, error) {
+	return engine.New(ctx, engine.Config{Allocator: a, Region: region, Owner: "rangesvc/next-rpc"})
 }

@@ -456,11 +456,7 @@ func (r *Region) EnableNext(ctx context.Context) (stop func() error, err error) 
 	st, region := r.rep.Store(), r.cfg.Region
 	m, err := mintpool.New(mintpool.Config{
 		Open: func(ctx context.Context) (mintpool.Minter, error) {
-			mc, err := r.cfg.NextMinter(ctx, st, region)
-			if err != nil {
-				return nil, err
-			}
-			return mintpool.Carving(mc), nil
+			return r.cfg.NextMinter(ctx, st, region)
 		},
 		Now:    r.cfg.Now,
 		Logger: r.cfg.Logger,

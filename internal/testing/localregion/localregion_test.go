@@ -10,16 +10,16 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	idrangev1 "github.com/idrange/idrange/api/idrangev1"
-	"github.com/idrange/idrange/internal/server/service"
+	"github.com/idrange/idrange/internal/client/engine"
+	"github.com/idrange/idrange/internal/server/mintpool"
 	"github.com/idrange/idrange/internal/wire"
-	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/segment"
 )
 
-// rangeclientMinter is the Next minter rangesvc serve uses: a rangeclient
+// rangeclientMinter is the minter rangesvc serve uses: a client engine
 // over the replica's own store.
-func rangeclientMinter(ctx context.Context, a segment.Allocator, region int) (service.MinterCloser, error) {
-	return rangeclient.New(ctx, rangeclient.Config{Allocator: a, Region: region, Owner: "rangesvc/next-rpc"})
+func rangeclientMinter(ctx context.Context, a segment.Allocator, region int) (mintpool.Minter, error) {
+	return engine.New(ctx, engine.Config{Allocator: a, Region: region, Owner: "rangesvc/next-rpc"})
 }
 
 // A region started outside a test helper serves the gRPC API on loopback,

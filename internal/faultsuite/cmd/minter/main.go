@@ -44,9 +44,8 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/idrange/idrange/internal/client/engine"
 	"github.com/idrange/idrange/internal/faultsuite/history"
-	"github.com/idrange/idrange/internal/server/clienttune"
-	"github.com/idrange/idrange/rangeclient"
 	"github.com/idrange/idrange/snowflake"
 	"github.com/idrange/idrange/tlsfiles"
 )
@@ -86,8 +85,8 @@ func parse(args []string) (config, error) {
 	fs.StringVar(&c.path, "history", "", "history file to write (required)")
 	fs.IntVar(&c.rate, "rate", 5000, "IDs per second to mint")
 	fs.IntVar(&c.batch, "batch", 50, "IDs per minting call (NextN)")
-	fs.DurationVar(&c.margin, "safety-margin", rangeclient.DefaultSafetyMargin, "rangeclient SafetyMargin")
-	fs.DurationVar(&c.rpcTimeout, "rpc-timeout", clienttune.DefaultRPCTimeout, "rangeclient RPCTimeout")
+	fs.DurationVar(&c.margin, "safety-margin", engine.DefaultSafetyMargin, "rangeclient SafetyMargin")
+	fs.DurationVar(&c.rpcTimeout, "rpc-timeout", engine.DefaultRPCTimeout, "rangeclient RPCTimeout")
 	fs.DurationVar(&c.callTimeout, "call-timeout", 200*time.Millisecond, "deadline of each minting call")
 	fs.DurationVar(&c.startTimeout, "start-timeout", 60*time.Second, "how long to wait for the first lease and block")
 	fs.DurationVar(&c.duration, "duration", 10*time.Minute, "stop after this long whatever happens (bounds a leaked process)")
@@ -120,8 +119,8 @@ func parse(args []string) (config, error) {
 		return c, errors.New("--name (no spaces) and --history are required")
 	case c.rate < 1 || c.batch < 1 || c.batch > c.rate:
 		return c, errors.Newf("--rate %d and --batch %d must be >= 1 with batch <= rate", c.rate, c.batch)
-	case c.codes < 0 || c.codes > rangeclient.MaxCodes:
-		return c, errors.Newf("--codes %d not in 0..%d", c.codes, rangeclient.MaxCodes)
+	case c.codes < 0 || c.codes > engine.MaxCodes:
+		return c, errors.Newf("--codes %d not in 0..%d", c.codes, engine.MaxCodes)
 	case c.margin <= 0 || c.rpcTimeout <= 0 || c.callTimeout <= 0 || c.duration <= 0 || c.startTimeout <= 0:
 		return c, errors.New("durations must be positive")
 	}
@@ -156,7 +155,7 @@ func run(args []string) error {
 			return err
 		}
 	}
-	cfg := clienttune.With(rangeclient.Config{
+	cfg := engine.Config{
 		TLS:            tc,
 		Targets:        c.targets,
 		Region:         c.region,
@@ -166,13 +165,14 @@ func run(args []string) error {
 		RefillInterval: c.refill,
 		Logger:         log,
 		DialOptions:    []grpc.DialOption{grpc.WithChainUnaryInterceptor(rec.UnaryClientInterceptor())},
-	}, clienttune.Tuning{RPCTimeout: c.rpcTimeout})
+		Tuning:         engine.Tuning{RPCTimeout: c.rpcTimeout},
+	}
 	if c.stdinEOF {
 		go exitOnStdinEOF(stop)
 	}
 
 	sctx, scancel := context.WithTimeout(ctx, c.startTimeout)
-	cli, err := rangeclient.New(sctx, cfg)
+	cli, err := engine.New(sctx, cfg)
 	scancel()
 	if err != nil {
 		rec.Note(history.Now(), "start failed: "+err.Error())
@@ -200,7 +200,7 @@ func run(args []string) error {
 // returned (t1); a failed call is recorded with its class. It stops with an
 // error as soon as the history fails to record (see Recorder.Err). A
 // SIGUSR1 on quiet stops minting until a SIGUSR2.
-func mint(ctx context.Context, c config, cli *rangeclient.Client, rec *history.Recorder, quiet <-chan os.Signal) (minted, failed int64, histErr error) {
+func mint(ctx context.Context, c config, cli *engine.Engine, rec *history.Recorder, quiet <-chan os.Signal) (minted, failed int64, histErr error) {
 	interval := time.Duration(int64(time.Second) * int64(c.batch) / int64(c.rate))
 	buf := make([]snowflake.ID, 0, c.batch)
 	next := time.Now()
@@ -275,15 +275,15 @@ func waitResume(ctx context.Context, quiet <-chan os.Signal) bool {
 // classify names a minting error in one word for the history.
 func classify(err error) string {
 	switch {
-	case errors.Is(err, rangeclient.ErrFenced):
+	case errors.Is(err, engine.ErrFenced):
 		return "fenced"
-	case errors.Is(err, rangeclient.ErrLeaseLost):
+	case errors.Is(err, engine.ErrLeaseLost):
 		return "lease_lost"
-	case errors.Is(err, rangeclient.ErrUnavailable):
+	case errors.Is(err, engine.ErrUnavailable):
 		return "unavailable"
-	case errors.Is(err, rangeclient.ErrClosed):
+	case errors.Is(err, engine.ErrClosed):
 		return "closed"
-	case errors.Is(err, rangeclient.ErrEpochExhausted):
+	case errors.Is(err, engine.ErrEpochExhausted):
 		return "epoch_exhausted"
 	case errors.Is(err, context.DeadlineExceeded):
 		return "timeout"
