@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/cockroachdb/errors"
+	"github.com/idrange/idrange/internal/tools/doclinks"
 	"sigs.k8s.io/yaml"
 )
 
@@ -142,29 +143,5 @@ func (d dashboard) variableExprs() map[string]string {
 func runbookAnchor(alert string) string { return "alert-" + strings.ToLower(alert) }
 
 // headingAnchors returns the GitHub-style anchors of the markdown headings
-// in text: lower case, punctuation other than '-' and '_' dropped, spaces
-// as '-'.
-func headingAnchors(text string) map[string]bool {
-	out := map[string]bool{}
-	inFence := false
-	for _, line := range strings.Split(text, "\n") {
-		if strings.HasPrefix(line, "```") {
-			inFence = !inFence
-		}
-		if inFence || !strings.HasPrefix(line, "#") {
-			continue
-		}
-		h := strings.TrimSpace(strings.TrimLeft(line, "#"))
-		var b strings.Builder
-		for _, r := range strings.ToLower(h) {
-			switch {
-			case r == ' ':
-				b.WriteRune('-')
-			case r == '-' || r == '_' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9':
-				b.WriteRune(r)
-			}
-		}
-		out[b.String()] = true
-	}
-	return out
-}
+// in text (internal/tools/doclinks computes them for every link check).
+func headingAnchors(text string) map[string]bool { return doclinks.Anchors(text) }
