@@ -114,6 +114,7 @@ func Run(t *testing.T, open func(t *testing.T) Backend) {
 		{"ConcurrentCodesNeverOverlap", testConcurrentCodesNeverOverlap},
 		{"SnapshotAndFence", testSnapshotAndFence},
 		{"IdentityBindsTheLease", testIdentityBinding},
+		{"IdentityNoOracle", testIdentityNoOracle},
 		{"IdentityCap", testIdentityCap},
 		{"IdentityCapUnderConcurrency", testIdentityCapConcurrent},
 		{"HighWaterRegressedStopsTheCode", testHighWaterRegressed},
