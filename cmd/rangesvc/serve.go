@@ -51,6 +51,10 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	log.Info("starting", attrs...)
 	clk, stopFaults := cfg.Faults.serviceClock(log)
 	defer stopFaults()
+	// Every block granted before this instant ends below the restart
+	// floor (store.Config.StartedAt): read before etcd starts, so the
+	// floor is as low as it can be proven.
+	started := clk()
 	// Before etcd starts: the embedded one sizes its own listener from
 	// the limit.
 	limits, err := cfg.connLimits(openFileLimit(log), log)
@@ -78,6 +82,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 		defer registry.Close()
 	}
 	rc := cfg.replicaConfig(etcd.cli, clk, reg, log)
+	rc.Store.StartedAt = started
 	cfg.RegionID.applyReplica(&rc, etcd.emb != nil, registry)
 	rc.Limits = limits.grpcLimits()
 	rep, err := region.NewReplica(rc)

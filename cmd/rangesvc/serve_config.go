@@ -31,6 +31,10 @@ const (
 	defaultEtcdPeerURL   = "https://127.0.0.1:2380"
 	defaultShutdown      = 10 * time.Second
 	defaultDrainDelay    = 5 * time.Second
+	// defaultMaxClockSkew is --max-clock-skew's default: far above what
+	// NTP or chrony keeps hosts to, small enough that the restart floor's
+	// backpressure after a start stays under two seconds.
+	defaultMaxClockSkew = 500 * time.Millisecond
 	// maxSharedRate bounds --shared-rate: far above what one replica's
 	// code can carve (4,096,000 IDs/s, more with its lead).
 	maxSharedRate = 1e9
@@ -85,6 +89,12 @@ type serveConfig struct {
 	// RollbackBound (--rollback-bound, default 5ms): a service clock this far
 	// behind the highest time seen reports NOT_SERVING.
 	RollbackBound time.Duration
+	// MaxClockSkew (--max-clock-skew, default 500ms, 0..1h) is the bound the
+	// region documents on how far its replicas' clocks may differ (and one
+	// replica's clock may step back across a restart). The replica grants
+	// nothing below its restart floor, its clock at start + --max-lead +
+	// this (store.Config.RestartFloor; docs/design.md).
+	MaxClockSkew time.Duration
 	// KeyPrefix (--key-prefix, default /idrange/v1/) is the etcd key prefix.
 	KeyPrefix string
 	// EtcdTimeout (--etcd-timeout, default 5s) bounds connecting to etcd and
@@ -184,6 +194,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.DurationVar(&c.MaxLead, "max-lead", segment.DefaultMaxLead, "how far a code's HWM may run ahead of the clock")
 	fs.Int64Var(&c.SharedRate, "shared-rate", service.DefaultSharedRate, "shared path (clients without a worker code of their own): IDs/s per caller identity on this replica (0: off)")
 	fs.DurationVar(&c.RollbackBound, "rollback-bound", service.DefaultRollbackBound, "clock rollback that makes the replica NOT_SERVING")
+	fs.DurationVar(&c.MaxClockSkew, "max-clock-skew", defaultMaxClockSkew, "most the region's replica clocks may differ; no grant starts below the clock at start + --max-lead + this")
 	fs.StringVar(&c.KeyPrefix, "key-prefix", etcdstore.DefaultPrefix, "etcd key prefix")
 	fs.DurationVar(&c.EtcdTimeout, "etcd-timeout", region.DefaultEtcdTimeout, "timeout for connecting to etcd and health probes")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", defaultShutdown, "graceful shutdown bound")
@@ -262,6 +273,8 @@ func (c serveConfig) Validate() error {
 		return errors.Newf("--max-lead %v must be whole milliseconds, at least 1s", c.MaxLead)
 	case c.RollbackBound < 0:
 		return errors.Newf("--rollback-bound %v must not be negative", c.RollbackBound)
+	case c.MaxClockSkew < 0 || c.MaxClockSkew > time.Hour:
+		return errors.Newf("--max-clock-skew %v not in 0s..1h", c.MaxClockSkew)
 	case c.SharedRate < 0 || c.SharedRate > maxSharedRate:
 		return errors.Newf("--shared-rate %d not in 0..%d IDs/s (0 turns the shared path off)", c.SharedRate, int64(maxSharedRate))
 	case c.EtcdTimeout <= 0:

@@ -1,6 +1,8 @@
 package store
 
 import (
+	"time"
+
 	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -20,14 +22,40 @@ import (
 // that could overlap one it already granted. The floor is kept for the
 // Store's life (forget drops only the view cache), never raised by a commit
 // whose outcome is unknown, and lives in memory: a restarted replica starts
-// without one (the region's revision check and the restore fence cover a
-// restore that a restart would hide).
+// without one (its restart floor, below, keeps it from granting over a
+// block granted before it started; the region's revision check and the
+// restore fence cover a restore that a restart would hide).
 //
 // Why "as it was when the read was sent": reads are linearizable, so a read
 // sent after the Store learnt a mark returns that mark or a higher one
 // unless the store went back. A read sent before another call of the Store
 // raised the floor may legitimately return less; it proves nothing, and the
 // storage's compares keep it from being granted on.
+
+// The restart floor. The floor above lives in memory, so a replica that
+// restarts has none, and cannot tell a mark that was lowered while it was
+// down from one that was never higher. What it can prove without reading
+// anything is an upper bound on every block granted before it started: a
+// grant at service time n ends at or below (n + MaxLead)<<12 (the lead
+// limit of Policy.Plan), and a grant made before this replica started was
+// made at a clock reading at most the replica's own reading at its start
+// (Config.StartedAt) plus the region's clock-skew bound. So with
+// Config.RestartFloor every grant of the Store starts at or above
+//
+//	restartFloor = (ms(StartedAt) + MaxLead + MaxClockSkew + 1 ms)<<12
+//
+// (1 ms covers the rounding of the readings to whole milliseconds) and
+// cannot overlap a block granted before the restart, whatever the stored
+// mark says. A mark at or above the floor is used as it is; the first grant
+// on a code that lies below it raises the mark past it, so the floor costs
+// a jump of the code's timestamps of about MaxLead (they stay within the
+// lead: the grant waits, as backpressure, until the clock allows it).
+
+// restartFloor is the restart floor (as L) of a Store started at now.
+func restartFloor(now time.Time, maxLead, skew time.Duration) int64 {
+	ms := snowflake.MsSince(now) + maxLead.Milliseconds() + (skew + time.Millisecond - 1).Milliseconds() + 1
+	return min(max(ms, 0)<<snowflake.SequenceBits, segment.EndL)
+}
 
 // floorMark is what a Store remembers of one code's high-water mark.
 type floorMark struct {

@@ -2,15 +2,18 @@ package storetest
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/errors"
 
 	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
 )
 
 // testHighWaterRegressed: an operator lowers a code's high-water mark
@@ -240,4 +243,77 @@ func testNoFalseRegression(t *testing.T, be Backend) {
 		t.Fatalf("observer heard of %d regressions of marks that only grew", n)
 	}
 	t.Logf("%d grants raced with reads on two replicas; no regression reported", granted.Load())
+}
+
+// testRestartFloor (issue 35): a replica that restarts after its code's
+// mark was lowered behind its back (by hand, while it was down) grants
+// nothing that overlaps a block it or another replica granted before: with
+// RestartFloor the new Store's first grant starts at or above every earlier
+// block's end (the clock at start + MaxLead + MaxClockSkew), whatever the
+// stored mark says, and until the clock lets that block fit within the
+// lead the grant is backpressure, not a block ahead of the lead.
+func testRestartFloor(t *testing.T, be Backend) {
+	const region, code, lead, skew = 2, 9, 2 * time.Second, 300 * time.Millisecond
+	var nowNs atomic.Int64
+	nowNs.Store(time.Date(2027, 1, 2, 3, 4, 5, 0, time.UTC).UnixNano())
+	clock := func() time.Time { return time.Unix(0, nowNs.Load()) }
+	advance := func(d time.Duration) { nowNs.Add(int64(d)) }
+	cfg := store.Config{Now: clock, FirstCode: func(int) int { return code }, RestartFloor: true, MaxClockSkew: skew,
+		Policy: segment.Policy{MaxLead: lead}}
+	ctx := Ctx(t)
+
+	// The first life: blocks that run up to the lead ahead of the clock,
+	// as a client holding a reserve has them.
+	first := NewStore(t, be.Storage(t), cfg)
+	advance(lead + skew + time.Second) // past the first Store's own floor
+	l, err := first.Acquire(ctx, region, "victim")
+	if err != nil || l.Worker != code {
+		t.Fatalf("Acquire = %+v, %v; want code %d", l, err, code)
+	}
+	var granted []segment.Block
+	for range 3 { // 1.8 s of span from now: up to the lead
+		b, err := first.Allocate(ctx, l, 600*segment.PerMs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		granted = append(granted, b)
+	}
+	end := granted[len(granted)-1].Hi
+	if end <= segment.PerMs*snowflake.MsSince(clock()) {
+		t.Fatalf("the blocks end at %d, not ahead of the clock: the test would prove nothing", end)
+	}
+
+	// The replica stops; the mark is lowered to the start of its first
+	// block; the replica restarts 100 ms later.
+	be.Put(t, be.HighWaterKey(region, code), []byte(store.EncodeHighWater(granted[0].Lo)), 0)
+	advance(100 * time.Millisecond)
+	restarted := NewStore(t, be.Storage(t), cfg)
+	var b segment.Block
+	for tries := 0; ; tries++ {
+		b, err = restarted.Allocate(ctx, l, 1000*segment.PerMs)
+		var bp *segment.Backpressure
+		if !errors.As(err, &bp) || tries == 100 {
+			break
+		}
+		if b.Lo != 0 {
+			t.Fatalf("a block with backpressure: %+v", b)
+		}
+		advance(bp.RetryAfter)
+	}
+	if err != nil {
+		t.Fatalf("the restarted replica's grant: %v", err)
+	}
+	CheckDisjoint(t, append(slices.Clone(granted), b))
+	if lead := time.Duration(b.Hi>>12-snowflake.MsSince(clock())) * time.Millisecond; lead > cfg.Policy.MaxLead {
+		t.Fatalf("the block [%d,%d) runs %v ahead of the clock, more than the lead %v", b.Lo, b.Hi, lead, cfg.Policy.MaxLead)
+	}
+
+	// Without the floor the same restart grants over the first life's
+	// blocks: what the floor is for.
+	be.Put(t, be.HighWaterKey(region, code), []byte(store.EncodeHighWater(granted[0].Lo)), 0)
+	cfg.RestartFloor = false
+	bare := NewStore(t, be.Storage(t), cfg)
+	if b, err := bare.Allocate(ctx, l, 1000*segment.PerMs); err != nil || b.Lo >= end {
+		t.Fatalf("without the floor: %+v, %v; want a block below %d (the test's control)", b, err, end)
+	}
 }

@@ -120,6 +120,7 @@ func Run(t *testing.T, open func(t *testing.T) Backend) {
 		{"HighWaterRegressedStopsTheCode", testHighWaterRegressed},
 		{"FailedCommitDoesNotRaiseTheFloor", testFailedCommitFloor},
 		{"ConcurrentReadsNoFalseRegression", testNoFalseRegression},
+		{"RestartFloor", testRestartFloor},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
