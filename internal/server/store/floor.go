@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -151,4 +152,103 @@ func regressedErr(region, worker int, floor, hwm int64, key string) error {
 		"already committed or read: the store went back (restored without a restore fence, or written by hand); "+
 		"no grant on this code until it is lifted again (rangesvc admin restore-fence): %w",
 		region, worker, hwm, where, floor, segment.ErrHighWaterRegressed)
+}
+
+// Watching the marks. A Store checks a mark when it reads it, and a replica
+// reads a code it does not grant on only in its scans (free codes, every
+// few seconds): a mark raised by another replica and lowered again between
+// two scans was never seen high, so the lowering went unnoticed (issue 35).
+// WatchHighWaters closes that gap: every write of a mark is checked as it
+// happens, against the value the same stream showed before it (a value at
+// an earlier revision: marks only grow, so a smaller one means the store
+// went back), and raises the floor like a read, so the replica refuses the
+// code from then on.
+
+// watchRetry bounds the wait before WatchHighWaters reads the region again
+// after its watch broke.
+const (
+	watchRetryMin = 100 * time.Millisecond
+	watchRetryMax = 5 * time.Second
+)
+
+// WatchHighWaters checks every high-water mark of region that w reports,
+// until ctx ends (it returns ctx's error): it reads the region's marks
+// (checked as any read), then watches from that read's revision, and each
+// change is checked against the mark the stream showed before: below it
+// the code is refused and reported (ErrHighWaterRegressed, the Observer,
+// the log) as if a grant's read had found it; at or above the floor it
+// becomes the floor. When the watch breaks (compaction, a lost
+// connection) it reads again, after a pause that grows to 5 s. Run it in
+// its own goroutine; w is normally the Store's own storage (etcdstore).
+func (s *Store) WatchHighWaters(ctx context.Context, region int, w HighWaterWatcher) error {
+	if err := validRegion(region); err != nil {
+		return err
+	}
+	wait := watchRetryMin
+	for {
+		rev, last, err := s.checkRegionMarks(ctx, region)
+		if err == nil {
+			err = w.WatchHighWaters(ctx, region, rev, func(worker int, e Entry) {
+				s.seeWatched(region, worker, &last[worker], e)
+			})
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		s.log.Warn("high-water watch interrupted; reading the marks again", "region", region, "err", err, "retry_in", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, watchRetryMax)
+	}
+}
+
+// checkRegionMarks reads every mark of region and checks each against the
+// floor, as any read; it returns the read's revision and the marks read (0
+// for an absent or corrupt one).
+func (s *Store) checkRegionMarks(ctx context.Context, region int) (int64, [snowflake.MaxWorker + 1]int64, error) {
+	var last [snowflake.MaxWorker + 1]int64
+	floors := s.regionFloors(region)
+	octx, cancel := s.opCtx(ctx)
+	rv, err := s.stg.Scan(octx, region)
+	cancel()
+	if err != nil {
+		return 0, last, Unavailable(err, "region %d: read the high-water marks", region)
+	}
+	for w, e := range rv.HighWaters {
+		hwm, err := DecodeHighWater(e.Value)
+		if err != nil {
+			continue // reported by the reads that would use it
+		}
+		last[w] = hwm
+		_ = s.seeHighWater(region, w, floors[w], hwm, e.Key) // a refusal is reported there
+	}
+	for w := range last {
+		if _, ok := rv.HighWaters[w]; !ok {
+			_ = s.seeHighWater(region, w, floors[w], 0, "")
+		}
+	}
+	return rv.Rev, last, nil
+}
+
+// seeWatched checks e, a change of a code's mark from the watch, against
+// *last, the mark the stream showed before it, and keeps it as the next
+// one's.
+func (s *Store) seeWatched(region, worker int, last *int64, e Entry) {
+	var hwm int64
+	key := ""
+	if e.Value != nil {
+		h, err := DecodeHighWater(e.Value)
+		if err != nil {
+			s.reportCorrupt(e.Key, errors.Newf("key %s: %w", e.Key, err))
+			return
+		}
+		hwm, key = h, e.Key
+	}
+	_ = s.seeHighWater(region, worker, *last, hwm, key) // a refusal is reported there
+	*last = hwm
 }

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -316,4 +317,69 @@ func testRestartFloor(t *testing.T, be Backend) {
 	if b, err := bare.Allocate(ctx, l, 1000*segment.PerMs); err != nil || b.Lo >= end {
 		t.Fatalf("without the floor: %+v, %v; want a block below %d (the test's control)", b, err, end)
 	}
+}
+
+// testWatchSeesALowering (issue 35): replica B never grants on a code; A
+// raises its mark and an operator lowers it again at once, long before any
+// scan of B's would read it. B watches the marks, so it reports the
+// regression (once), refuses the code from then on, and lifts the refusal
+// when a mark at or above what it saw is written. A deleted mark is a
+// regression too. Control: a Store that does not watch notices nothing.
+func testWatchSeesALowering(t *testing.T, be Backend) {
+	const region, code = 3, 77
+	ctx := Ctx(t)
+	a := NewStore(t, be.Storage(t), store.Config{FirstCode: func(int) int { return code }})
+	obs := &Counter{}
+	stg := be.Storage(t)
+	w, ok := stg.(store.HighWaterWatcher)
+	if !ok {
+		t.Fatalf("%T cannot watch its high-water marks", stg)
+	}
+	b := NewStore(t, stg, store.Config{Observer: obs})
+	blind := NewStore(t, be.Storage(t), store.Config{})
+	wctx, cancel := context.WithCancel(ctx)
+	watched := make(chan error, 1)
+	go func() { watched <- b.WatchHighWaters(wctx, region, w) }()
+	defer func() {
+		cancel()
+		if err := <-watched; !errors.Is(err, context.Canceled) {
+			t.Errorf("WatchHighWaters returned %v, want context.Canceled", err)
+		}
+	}()
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for end := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("B did not %s within 10 s", what)
+			}
+		}
+	}
+
+	l, err := a.Acquire(ctx, region, "a")
+	if err != nil || l.Worker != code {
+		t.Fatalf("Acquire = %+v, %v; want code %d", l, err, code)
+	}
+	var blk segment.Block
+	for range 3 {
+		if blk, err = a.Allocate(ctx, l, 4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hk := be.HighWaterKey(region, code)
+	be.Put(t, hk, []byte(store.EncodeHighWater(blk.Lo)), 0) // at once: no scan of B's in between
+	waitFor("report the lowered mark", func() bool { return obs.NRegressed.Load() == 1 })
+	if _, err := b.HighWater(ctx, region, code); !errors.Is(err, segment.ErrHighWaterRegressed) {
+		t.Fatalf("B's read of the lowered mark: %v, want ErrHighWaterRegressed", err)
+	}
+	if got, err := blind.HighWater(ctx, region, code); err != nil || got != blk.Lo {
+		t.Fatalf("a Store that does not watch: %d, %v; want the lowered mark %d without an error (the control)", got, err, blk.Lo)
+	}
+
+	be.Put(t, hk, []byte(store.EncodeHighWater(blk.Hi)), 0) // lifted back: B grants on it again
+	waitFor("lift the refusal", func() bool { return obs.NRecovered.Load() == 1 })
+	if got, err := b.HighWater(ctx, region, code); err != nil || got != blk.Hi {
+		t.Fatalf("B after the lift: %d, %v; want %d", got, err, blk.Hi)
+	}
+	be.Delete(t, hk)
+	waitFor("report the deleted mark", func() bool { return obs.NRegressed.Load() == 2 })
 }

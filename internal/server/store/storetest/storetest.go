@@ -121,6 +121,7 @@ func Run(t *testing.T, open func(t *testing.T) Backend) {
 		{"FailedCommitDoesNotRaiseTheFloor", testFailedCommitFloor},
 		{"ConcurrentReadsNoFalseRegression", testNoFalseRegression},
 		{"RestartFloor", testRestartFloor},
+		{"WatchSeesALowering", testWatchSeesALowering},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
