@@ -161,8 +161,8 @@ type Replica struct {
 	minter   *service.LazyMinter
 	ident    *identity
 	marks    store.HighWaterWatcher // the etcd storage, watched for lowered marks
-	space    *etcdspace.Monitor   // nil when SpaceCheckInterval < 0
-	compact  *etcdspace.Compactor // nil when CompactionInterval == 0
+	space    *etcdspace.Monitor     // nil when SpaceCheckInterval < 0
+	compact  *etcdspace.Compactor   // nil when CompactionInterval == 0
 
 	cancel context.CancelFunc
 	done   chan struct{}

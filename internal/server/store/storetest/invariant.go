@@ -339,7 +339,15 @@ func testWatchSeesALowering(t *testing.T, be Backend) {
 	blind := NewStore(t, be.Storage(t), store.Config{})
 	wctx, cancel := context.WithCancel(ctx)
 	watched := make(chan error, 1)
-	go func() { watched <- b.WatchHighWaters(wctx, region, w) }()
+	sw := &startedWatcher{HighWaterWatcher: w, started: make(chan struct{})}
+	go func() { watched <- b.WatchHighWaters(wctx, region, sw) }()
+	// B runs from before A's grants, as a replica watches from its start
+	// (a replica started after the lowering has only its restart floor).
+	select {
+	case <-sw.started:
+	case <-ctx.Done():
+		t.Fatal("B never started watching")
+	}
 	defer func() {
 		cancel()
 		if err := <-watched; !errors.Is(err, context.Canceled) {
@@ -382,4 +390,17 @@ func testWatchSeesALowering(t *testing.T, be Backend) {
 	}
 	be.Delete(t, hk)
 	waitFor("report the deleted mark", func() bool { return obs.NRegressed.Load() == 2 })
+}
+
+// startedWatcher tells when a Store has read the marks and starts watching
+// from there: changes after that are in its stream.
+type startedWatcher struct {
+	store.HighWaterWatcher
+	started chan struct{}
+	once    sync.Once
+}
+
+func (w *startedWatcher) WatchHighWaters(ctx context.Context, region int, after int64, f func(int, store.Entry)) error {
+	w.once.Do(func() { close(w.started) })
+	return w.HighWaterWatcher.WatchHighWaters(ctx, region, after, f)
 }
