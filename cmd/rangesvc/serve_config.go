@@ -154,6 +154,14 @@ type serveConfig struct {
 	// IdleTimeout (--idle-timeout, default 2m) closes a connection with no
 	// call or request in flight for this long.
 	IdleTimeout time.Duration
+	// HTTPReadTimeout (--http-read-timeout, default 10s) closes an HTTP
+	// connection (--http, --metrics) whose request, headers and body, has
+	// not arrived this long after it began.
+	HTTPReadTimeout time.Duration
+	// HTTPWriteTimeout (--http-write-timeout, default 15s) closes an HTTP
+	// connection whose response has not been taken this long after its
+	// request's headers arrived (the handler's time included).
+	HTTPWriteTimeout time.Duration
 
 	// Faults are the test-only fault flags; empty, and no flags, unless
 	// built with -tags idrange_faults (faults_on.go).
@@ -207,6 +215,8 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.IntVar(&c.MaxConnections, "max-connections", defaultMaxConnections, "connections each listener (gRPC, HTTP, metrics) holds open at once; more wait in the listen backlog (lowered to fit the open-file limit)")
 	fs.DurationVar(&c.HandshakeTimeout, "handshake-timeout", service.DefaultHandshakeTimeout, "close a connection without a finished TLS/HTTP2 handshake or request headers after this; also bounds a gRPC call's wait for its request")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", service.DefaultIdleTimeout, "close a connection idle (no call or request in flight) this long")
+	fs.DurationVar(&c.HTTPReadTimeout, "http-read-timeout", defaultHTTPReadTimeout, "HTTP ports: close a connection whose request (headers and body) has not arrived this long after it began")
+	fs.DurationVar(&c.HTTPWriteTimeout, "http-write-timeout", defaultHTTPWriteTimeout, "HTTP ports: close a connection whose response has not been taken this long after its request's headers")
 	c.Faults.register(fs)
 	c.Security.register(fs)
 	c.RegionID.register(fs)
