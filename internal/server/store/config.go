@@ -60,10 +60,11 @@ type Config struct {
 	// lowered while this replica was down (by hand, or a restore without
 	// the fence) cannot make it grant over one of them (floor.go,
 	// docs/design.md "A floor that survives restarts"). The price: for
-	// about MaxClockSkew plus three quarters of a request's span after
-	// StartedAt, a grant on a code whose mark is below the floor is
-	// backpressure. rangesvc serve sets it; default off (tests that
-	// freeze the clock at New).
+	// about MaxClockSkew plus 1% of a request's span after StartedAt, a
+	// grant on a code whose mark is below the floor is backpressure, and
+	// the first grants on such codes are shrunk to what the lead leaves.
+	// rangesvc serve sets it; default off (tests that freeze the clock at
+	// New).
 	RestartFloor bool
 	// StartedAt is when the replica started, on the service clock (Now):
 	// the restart floor covers the blocks granted before it. The earlier,

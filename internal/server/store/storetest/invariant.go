@@ -290,6 +290,7 @@ func testRestartFloor(t *testing.T, be Backend) {
 	advance(100 * time.Millisecond)
 	restarted := NewStore(t, be.Storage(t), cfg)
 	var b segment.Block
+	var waited time.Duration
 	for tries := 0; ; tries++ {
 		b, err = restarted.Allocate(ctx, l, 1000*segment.PerMs)
 		var bp *segment.Backpressure
@@ -300,9 +301,14 @@ func testRestartFloor(t *testing.T, be Backend) {
 			t.Fatalf("a block with backpressure: %+v", b)
 		}
 		advance(bp.RetryAfter)
+		waited += bp.RetryAfter
 	}
 	if err != nil {
 		t.Fatalf("the restarted replica's grant: %v", err)
+	}
+	// The price: about the skew, plus 1% of the request's 1 s span.
+	if waited > skew+20*time.Millisecond {
+		t.Fatalf("the restarted replica's first grant waited %v of backpressure, want about the skew %v", waited, skew)
 	}
 	CheckDisjoint(t, append(slices.Clone(granted), b))
 	if lead := time.Duration(b.Hi>>12-snowflake.MsSince(clock())) * time.Millisecond; lead > cfg.Policy.MaxLead {
