@@ -6,16 +6,18 @@
 // At the cap a new connection is admitted by shedding (closing) a
 // connection that has not started yet: one the server has not marked
 // Established (gRPC: no call has arrived on it; HTTP: no request has
-// reached the handler). The one shed is the oldest of the source address
-// that holds the most of them, and only once it has had ShedAfter to
-// start, so a flood that reconnects as soon as it is shed churns through
-// its own connections while a peer from another address, once accepted,
-// is left to finish its handshake; and every connection, whatever its
-// address, has at least ShedAfter. The accept loop therefore keeps draining
-// the kernel's listen backlog, and a new peer waits in it at most about
-// (connections ahead of it) x ShedAfter / (pending slots). Only when every
-// slot holds an established connection does Accept wait for one to close,
-// as golang.org/x/net/netutil.LimitListener does.
+// reached the handler). The one shed is the oldest not yet started of the
+// source address that holds the most slots, and only once it has had
+// ShedAfter to start; a newcomer never sheds a connection of an address
+// that holds no more slots than its own, except its own address's. So a
+// flood that reconnects as soon as it is shed churns through its own
+// connections, a peer from another address, once accepted, is left to
+// finish its handshake, and every connection, whatever its address, has at
+// least ShedAfter. The accept loop therefore keeps draining the kernel's
+// listen backlog, and a new peer waits in it at most about (connections
+// ahead of it) x ShedAfter / (slots not started). When no connection may
+// be shed, Accept waits for a slot, as golang.org/x/net/netutil.LimitListener
+// does.
 //
 // A listener may also keep a small reserve of slots beyond its cap for
 // short requests the server answers at once (liveness and readiness
@@ -29,6 +31,7 @@ import (
 	"container/list"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/errors"
@@ -111,8 +114,8 @@ type Listener struct {
 	mu       sync.Mutex
 	used     int // slots of Max taken
 	reserved int // reserve slots taken
-	pending  addrHeap
-	byAddr   map[string]*addrPending // source host -> its pending connections
+	pending  addrHeap              // addresses with connections not started
+	byAddr   map[string]*addrState // source host -> what it holds
 	byRemote sync.Map                // remote address -> *Conn, while pending
 	changed  chan struct{}           // closed and replaced when a slot frees or a connection starts
 	closed   chan struct{}
@@ -139,7 +142,7 @@ func New(l net.Listener, cfg Config) (*Listener, error) {
 	ll := &Listener{
 		Listener: l,
 		cfg:      cfg,
-		byAddr:   map[string]*addrPending{},
+		byAddr:   map[string]*addrState{},
 		changed:  make(chan struct{}),
 		closed:   make(chan struct{}),
 		open:     m.Open.WithLabelValues(cfg.Name),
@@ -198,6 +201,7 @@ func (l *Listener) admit(c net.Conn) (_ *Conn, victim *Conn, ok bool) {
 		v := l.victimLocked(ac.host)
 		if v != nil && l.cfg.ShedAfter > 0 && now.Sub(v.admitted) >= l.cfg.ShedAfter {
 			l.leaveLocked(v)
+			l.dropLocked(v)
 			v.state = shed
 			l.shd.Inc()
 			l.open.Dec()
@@ -238,20 +242,25 @@ func (l *Listener) admit(c net.Conn) (_ *Conn, victim *Conn, ok bool) {
 }
 
 // victimLocked is the connection shedding would close for a newcomer from
-// host: the oldest pending connection of the source address that holds the
-// most (ties: the oldest), or nil if none is pending. A newcomer's own
-// address counts with the newcomer, so a peer never sheds another address's
-// only connection while its own address holds more.
+// host, or nil: the oldest pending connection of the address that holds
+// the most slots among those with a pending one, provided that address
+// holds more slots than the newcomer's, or is the newcomer's own (which
+// pays first when it would then hold the most).
 func (l *Listener) victimLocked(host string) *Conn {
-	if len(l.pending) == 0 {
+	own := l.byAddr[host]
+	var v *addrState
+	if len(l.pending) > 0 {
+		v = l.pending[0]
+	}
+	switch {
+	case own != nil && own.conns.Len() > 0 && (v == own || own.total+1 > v.total):
+		v = own
+	case v == nil:
 		return nil
+	case own != nil && v.total <= own.total:
+		return nil // a smaller (or equal) address's only hope: leave it
 	}
-	top := l.pending[0]
-	if own := l.byAddr[host]; own != nil && own != top && own.conns.Len()+1 > top.conns.Len() {
-		// The newcomer's address would then hold the most: it pays.
-		top = own
-	}
-	return top.conns.Front().Value.(*Conn)
+	return v.conns.Front().Value.(*Conn)
 }
 
 // enterLocked admits c now as pending, to a reserve slot or not.
@@ -259,28 +268,47 @@ func (l *Listener) enterLocked(c *Conn, now time.Time, reserve bool) {
 	c.admitted, c.reserve, c.state = now, reserve, pending
 	a := l.byAddr[c.host]
 	if a == nil {
-		a = &addrPending{host: c.host, conns: list.New()}
+		a = &addrState{host: c.host, conns: list.New(), idx: -1}
 		l.byAddr[c.host] = a
-		heap.Push(&l.pending, a)
 	}
+	a.total++
 	c.elem = a.conns.PushBack(c)
-	heap.Fix(&l.pending, a.idx)
+	l.fixLocked(a)
 	l.byRemote.Store(remoteKey(c.Conn), c)
 	l.open.Inc()
 }
 
-// leaveLocked takes c, pending, out of the pending set.
+// leaveLocked takes c, pending, out of its address's pending list.
 func (l *Listener) leaveLocked(c *Conn) {
 	a := l.byAddr[c.host]
 	a.conns.Remove(c.elem)
 	c.elem = nil
-	if a.conns.Len() == 0 {
-		heap.Remove(&l.pending, a.idx)
-		delete(l.byAddr, c.host)
-	} else {
-		heap.Fix(&l.pending, a.idx)
-	}
+	l.fixLocked(a)
 	l.byRemote.CompareAndDelete(remoteKey(c.Conn), c)
+}
+
+// dropLocked gives up c's slot in its address's count (c closed or shed).
+func (l *Listener) dropLocked(c *Conn) {
+	a := l.byAddr[c.host]
+	a.total--
+	if a.total == 0 {
+		delete(l.byAddr, c.host)
+	}
+	l.fixLocked(a)
+}
+
+// fixLocked restores the heap after a's counts changed: a is in it while it
+// has a pending connection.
+func (l *Listener) fixLocked(a *addrState) {
+	switch in := a.idx >= 0; {
+	case in && a.conns.Len() == 0:
+		heap.Remove(&l.pending, a.idx)
+		a.idx = -1
+	case in:
+		heap.Fix(&l.pending, a.idx)
+	case a.conns.Len() > 0:
+		heap.Push(&l.pending, a)
+	}
 }
 
 // notifyLocked wakes an Accept waiting at the cap.
@@ -324,7 +352,8 @@ const (
 )
 
 // Conn is a connection a Listener admitted. Its Close gives the slot back
-// (once, however often it is called).
+// (once, however often it is called). Once a write on it has timed out,
+// every later write fails at once (see Write).
 type Conn struct {
 	net.Conn
 	l        *Listener
@@ -333,6 +362,40 @@ type Conn struct {
 	reserve  bool
 	state    connState     // under l.mu
 	elem     *list.Element // in its address's pending list, while pending
+	stalled  atomic.Bool   // a write timed out: the peer does not read
+}
+
+// Write is the connection's Write; a timeout marks the peer as one that
+// does not read. crypto/tls's Close then still writes a close_notify alert
+// with a deadline of its own (5 s), which a peer that stopped reading
+// holds for all of it, with the slot: so on a stalled connection every
+// deadline set for writing is the past, and that write fails at once.
+func (c *Conn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		c.stalled.Store(true)
+	}
+	return n, err
+}
+
+// stalledDeadline is the write deadline of a stalled connection: the past.
+var stalledDeadline = time.Unix(1, 0)
+
+func (c *Conn) SetWriteDeadline(t time.Time) error {
+	if c.stalled.Load() {
+		t = stalledDeadline
+	}
+	return c.Conn.SetWriteDeadline(t)
+}
+
+func (c *Conn) SetDeadline(t time.Time) error {
+	if c.stalled.Load() {
+		if err := c.Conn.SetReadDeadline(t); err != nil {
+			return err
+		}
+		return c.Conn.SetWriteDeadline(stalledDeadline)
+	}
+	return c.Conn.SetDeadline(t)
 }
 
 // Reserved reports whether c holds a reserve slot: the server should
@@ -364,6 +427,7 @@ func (c *Conn) Close() error {
 	case pending:
 		l.leaveLocked(c)
 	}
+	l.dropLocked(c)
 	c.state = released
 	if c.reserve {
 		l.reserved--
@@ -391,22 +455,24 @@ func Of(c net.Conn) *Conn {
 	return nil
 }
 
-// addrPending is one source address's pending connections, oldest first.
-type addrPending struct {
+// addrState is what one source address holds: its slots (connections
+// admitted and not closed) and, oldest first, those not started.
+type addrState struct {
 	host  string
-	conns *list.List // of *Conn
-	idx   int        // in the heap
+	total int
+	conns *list.List // pending *Conn
+	idx   int        // in the heap; -1: not in it (nothing pending)
 }
 
-// addrHeap orders addresses by pending connections, most first, then by
-// their oldest pending connection.
-type addrHeap []*addrPending
+// addrHeap orders the addresses with pending connections by the slots
+// they hold, most first, then by their oldest pending connection.
+type addrHeap []*addrState
 
 func (h addrHeap) Len() int { return len(h) }
 func (h addrHeap) Less(i, j int) bool {
 	a, b := h[i], h[j]
-	if a.conns.Len() != b.conns.Len() {
-		return a.conns.Len() > b.conns.Len()
+	if a.total != b.total {
+		return a.total > b.total
 	}
 	return a.conns.Front().Value.(*Conn).admitted.Before(b.conns.Front().Value.(*Conn).admitted)
 }
@@ -415,7 +481,7 @@ func (h addrHeap) Swap(i, j int) {
 	h[i].idx, h[j].idx = i, j
 }
 func (h *addrHeap) Push(x any) {
-	a := x.(*addrPending)
+	a := x.(*addrState)
 	a.idx = len(*h)
 	*h = append(*h, a)
 }
@@ -423,6 +489,7 @@ func (h *addrHeap) Pop() any {
 	old := *h
 	a := old[len(old)-1]
 	*h = old[:len(old)-1]
+	a.idx = -1
 	return a
 }
 

@@ -305,6 +305,42 @@ func TestShedsOldestOfOneAddressAfterShedAfter(t *testing.T) {
 	})
 }
 
+// A crowd that holds its slots with started connections cannot shed the
+// one pending connection of another address, however long it has been
+// pending (a probe on a slow machine): the newcomer waits for a slot.
+func TestNeverShedsASmallerAddress(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, inner, m := newTestListener(t, Config{Max: 4, ShedAfter: 10 * time.Millisecond})
+		defer l.Close()
+		var crowd []*Conn
+		for range 3 {
+			inner.dialFrom("10.0.0.66")
+			c := mustAccept(t, l)
+			c.Establish()
+			crowd = append(crowd, c)
+		}
+		probe := inner.dialFrom("10.0.0.3")
+		mustAccept(t, l)
+		inner.dialFrom("10.0.0.66")
+		acc := acceptAsync(l)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		select {
+		case r := <-acc:
+			t.Fatalf("the crowd's newcomer was admitted (%v) at the cap: it shed the other address's connection", r.c)
+		default:
+		}
+		if closedByServer(probe) || testutil.ToFloat64(m.Shed) != 0 {
+			t.Fatal("the other address's only connection was shed")
+		}
+		crowd[0].Close()
+		synctest.Wait()
+		if r := <-acc; r.err != nil {
+			t.Fatal(r.err)
+		}
+	})
+}
+
 // Established(addr) marks the connection with that remote address, as a
 // gRPC server does on a connection's first call; an unknown address is
 // ignored.
