@@ -94,15 +94,8 @@ func (s *Store) allocate(ctx context.Context, l segment.Lease, n int) (segment.B
 			s.forget(l.Region, l.Worker)
 			return segment.Block{}, err
 		}
-		pol := s.cfg.Policy
-		if s.startFloor > hwm {
-			// The restart floor, not the code, runs ahead of the clock:
-			// any share of the request the lead leaves is worth a grant
-			// (a client then extends it as it would at the lead), rather
-			// than a wait until three quarters of it fit.
-			pol.MinGrantPercent = 1
-		}
-		g, err := pol.Plan(max(hwm, s.startFloor), s.cfg.Now(), int64(n))
+		now := s.cfg.Now()
+		g, err := s.restartPolicy(now).Plan(max(hwm, s.startFloor), now, int64(n))
 		if err != nil {
 			s.remember(l.Region, l.Worker, v)
 			return segment.Block{}, errors.Newf("region %d worker %d: %w", l.Region, l.Worker, err)

@@ -60,9 +60,10 @@ type Config struct {
 	// lowered while this replica was down (by hand, or a restore without
 	// the fence) cannot make it grant over one of them (floor.go,
 	// docs/design.md "A floor that survives restarts"). The price: for
-	// about MaxClockSkew plus 1% of a request's span after StartedAt, a
-	// grant on a code whose mark is below the floor is backpressure, and
-	// the first grants on such codes are shrunk to what the lead leaves.
+	// about MaxClockSkew plus a tenth of a request's span after StartedAt,
+	// a grant on a code whose mark is below the floor is backpressure, and
+	// until the clock reaches the floor (MaxLead later) grants carry a
+	// tenth of a request when that is what the lead leaves (floor.go).
 	// rangesvc serve sets it; default off (tests that freeze the clock at
 	// New).
 	RestartFloor bool

@@ -51,6 +51,30 @@ import (
 // on a code that lies below it raises the mark past it, so the floor costs
 // a jump of the code's timestamps of about MaxLead (they stay within the
 // lead: the grant waits, as backpressure, until the clock allows it).
+//
+// Every code the replica first grants on after its start is thus at the
+// lead, where a grant needs three quarters of the request to fit
+// (Policy.MinGrantPercent): up to 7.5 s of waiting for the largest block,
+// first for the first block and again when it runs out. Until its clock
+// reaches the floor, the Store asks only restartGrantPercent of a request:
+// the first grant comes about MaxClockSkew plus a tenth of the request's
+// span after the start, and later ones whenever another tenth fits, at
+// most one grant per tenth of a request's span, for MaxLead after a start.
+
+// restartGrantPercent is the least share of a request a grant carries
+// while the Store's clock is below its restart floor.
+const restartGrantPercent = 10
+
+// restartPolicy is the grant rule in force at now: the configured one, with
+// the least share lowered to restartGrantPercent while now is below the
+// restart floor.
+func (s *Store) restartPolicy(now time.Time) segment.Policy {
+	p := s.cfg.Policy
+	if s.startFloor > 0 && snowflake.MsSince(now)<<snowflake.SequenceBits < s.startFloor && p.MinGrantPercent > restartGrantPercent {
+		p.MinGrantPercent = restartGrantPercent
+	}
+	return p
+}
 
 // restartFloor is the restart floor (as L) of a Store started at now.
 func restartFloor(now time.Time, maxLead, skew time.Duration) int64 {
