@@ -112,12 +112,12 @@ type Listener struct {
 	cfg Config
 
 	mu       sync.Mutex
-	used     int // slots of Max taken
-	reserved int // reserve slots taken
+	used     int                   // slots of Max taken
+	reserved int                   // reserve slots taken
 	pending  addrHeap              // addresses with connections not started
 	byAddr   map[string]*addrState // source host -> what it holds
-	byRemote sync.Map                // remote address -> *Conn, while pending
-	changed  chan struct{}           // closed and replaced when a slot frees or a connection starts
+	byRemote sync.Map              // remote address -> *Conn, while pending
+	changed  chan struct{}         // closed and replaced when a slot frees or a connection starts
 	closed   chan struct{}
 	once     sync.Once
 
