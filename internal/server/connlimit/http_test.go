@@ -2,6 +2,7 @@ package connlimit
 
 import (
 	"bufio"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -84,5 +85,46 @@ func waitFor(t *testing.T, cond func() bool) {
 		if time.Now().After(end) {
 			t.Fatal("condition not met within 10 s")
 		}
+	}
+}
+
+// Once a write has timed out (the peer does not read), a later write with
+// a fresh deadline fails at once instead of blocking for it: crypto/tls's
+// Close writes a close_notify alert with a 5 s deadline of its own, and a
+// stalled peer would hold the slot for all of it.
+func TestStalledWriteNeverBlocksAgain(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := New(lis, Config{Name: "http", Max: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	client, err := net.Dial("tcp", lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	client.(*net.TCPConn).SetReadBuffer(4096)
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+	_, err = c.Write(make([]byte, 64<<20))
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("a 64 MB write to a peer that does not read: %v, want a timeout", err)
+	}
+	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	start := time.Now()
+	if _, err := c.Write([]byte("close_notify")); err == nil {
+		t.Fatal("a write after the timeout succeeded")
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("a write after the timeout blocked %v for its new deadline; want it to fail at once", took)
 	}
 }
