@@ -110,6 +110,17 @@ func mustAccept(t *testing.T, l *Listener) *Conn {
 	}
 }
 
+// waiting fails t if the Accept behind acc has returned: it must still be
+// waiting (call after synctest.Wait).
+func waiting(t *testing.T, acc <-chan accepted, why string) {
+	t.Helper()
+	select {
+	case r := <-acc:
+		t.Fatalf("%s: Accept returned %v, %v; want it to wait", why, r.c, r.err)
+	default:
+	}
+}
+
 // closedByServer reports whether the server closed the client end c.
 func closedByServer(c net.Conn) bool {
 	c.SetReadDeadline(time.Now())
@@ -132,11 +143,7 @@ func TestListenerWaitsAtCapWithoutShedding(t *testing.T) {
 		mustAccept(t, l)
 		third := acceptAsync(l)
 		synctest.Wait()
-		select {
-		case r := <-third:
-			t.Fatalf("Accept at the cap returned %v, %v; want it to wait", r.c, r.err)
-		default:
-		}
+		waiting(t, third, "at the cap")
 		if got := len(inner.conns); got != 1 {
 			t.Fatalf("%d connections queued in the wrapped listener, want 1 (and one held by the waiting Accept)", got)
 		}
@@ -156,11 +163,7 @@ func TestListenerWaitsAtCapWithoutShedding(t *testing.T) {
 		}
 		fourth := acceptAsync(l)
 		synctest.Wait()
-		select {
-		case r := <-fourth:
-			t.Fatalf("a double Close freed two slots: a fourth Accept returned %v, %v", r.c, r.err)
-		default:
-		}
+		waiting(t, fourth, "a double Close freed two slots")
 		if open := testutil.ToFloat64(m.Open); open != 2 {
 			t.Fatalf("open %v after one close and one accept, want 2", open)
 		}
@@ -226,11 +229,7 @@ func TestShedsTheBusiestAddressFirst(t *testing.T) {
 		start := time.Now()
 		legitConn := acceptAsync(l)
 		synctest.Wait()
-		select {
-		case r := <-legitConn:
-			t.Fatalf("admitted %v before any flood connection had ShedAfter", r.c)
-		default:
-		}
+		waiting(t, legitConn, "before any flood connection had ShedAfter")
 		time.Sleep(shedAfter)
 		synctest.Wait()
 		r := <-legitConn
@@ -289,11 +288,7 @@ func TestShedsOldestOfOneAddressAfterShedAfter(t *testing.T) {
 		synctest.Wait()
 		time.Sleep(shedAfter - 11*time.Millisecond) // the oldest is 1 ms short of ShedAfter
 		synctest.Wait()
-		select {
-		case <-acc:
-			t.Fatal("shed a connection before it had ShedAfter")
-		default:
-		}
+		waiting(t, acc, "before the oldest had ShedAfter")
 		time.Sleep(time.Millisecond)
 		synctest.Wait()
 		if r := <-acc; r.err != nil {
@@ -325,11 +320,7 @@ func TestNeverShedsASmallerAddress(t *testing.T) {
 		acc := acceptAsync(l)
 		time.Sleep(time.Second)
 		synctest.Wait()
-		select {
-		case r := <-acc:
-			t.Fatalf("the crowd's newcomer was admitted (%v) at the cap: it shed the other address's connection", r.c)
-		default:
-		}
+		waiting(t, acc, "the crowd's newcomer, at the cap, with only another address's connection pending")
 		if closedByServer(probe) || testutil.ToFloat64(m.Shed) != 0 {
 			t.Fatal("the other address's only connection was shed")
 		}
@@ -357,11 +348,7 @@ func TestEstablishedByAddress(t *testing.T) {
 		acc := acceptAsync(l)
 		time.Sleep(time.Second)
 		synctest.Wait()
-		select {
-		case r := <-acc:
-			t.Fatalf("an established connection was shed for %v", r.c)
-		default:
-		}
+		waiting(t, acc, "with only an established connection")
 		c.Close()
 		synctest.Wait()
 		if r := <-acc; r.err != nil {
@@ -392,11 +379,7 @@ func TestReserve(t *testing.T) {
 		inner.dial()
 		acc := acceptAsync(l)
 		synctest.Wait()
-		select {
-		case <-acc:
-			t.Fatal("admitted beyond the cap and the reserve at once")
-		default:
-		}
+		waiting(t, acc, "beyond the cap and the reserve")
 		time.Sleep(shedAfter)
 		synctest.Wait()
 		r := <-acc
