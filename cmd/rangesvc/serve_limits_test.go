@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -11,6 +12,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/idrange/idrange/internal/server/cli"
 	"github.com/idrange/idrange/internal/server/service"
@@ -258,4 +265,62 @@ func TestHTTPServerTimeouts(t *testing.T) {
 		}
 		t.Logf("closed after %v (timeout %v)", took, idle)
 	})
+}
+
+// serve's gRPC server tells its listener when a call arrives
+// (grpcLimits): at the cap, a connection that made a call is never shed for
+// a newcomer, while one that made none is, once it has had shed-after.
+func TestGRPCCallMarksTheConnectionStarted(t *testing.T) {
+	const shedAfter = 20 * time.Millisecond
+	lim := connLimits{maxConns: 1, handshake: 5 * time.Second, idle: time.Minute, shedAfter: shedAfter}
+	gl, err := lim.listen("--listen", "127.0.0.1:0", "grpc", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(service.ServerOptions(lim.grpcLimits(gl))...)
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	go srv.Serve(gl)
+	defer srv.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dial := func() *grpc.ClientConn {
+		cc, err := grpc.NewClient(gl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		cc.Connect()
+		for s := cc.GetState(); s != connectivity.Ready; s = cc.GetState() {
+			if !cc.WaitForStateChange(ctx, s) {
+				t.Fatal("connection never ready")
+			}
+		}
+		return cc
+	}
+	// keptAfterNewcomer: a newcomer (an idle TCP connection) arrives at the
+	// cap once cc has had shed-after; is cc still ready 500 ms later?
+	keptAfterNewcomer := func(cc *grpc.ClientConn) bool {
+		time.Sleep(2 * shedAfter)
+		newcomer, err := net.Dial("tcp", gl.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer newcomer.Close()
+		wctx, wcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer wcancel()
+		return !cc.WaitForStateChange(wctx, connectivity.Ready)
+	}
+
+	called := dial()
+	if _, err := healthpb.NewHealthClient(called).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if !keptAfterNewcomer(called) {
+		t.Fatal("a connection that made a call was shed for a newcomer")
+	}
+	called.Close()
+	quiet := dial() // connected, no call
+	if keptAfterNewcomer(quiet) {
+		t.Fatal("a connection that made no call was kept at the cap: the newcomer should have shed it")
+	}
 }
