@@ -210,11 +210,15 @@ func (s *Store) WatchHighWaters(ctx context.Context, region int, w HighWaterWatc
 	}
 	wait := watchRetryMin
 	for {
+		start := time.Now()
 		rev, last, err := s.checkRegionMarks(ctx, region)
 		if err == nil {
 			err = w.WatchHighWaters(ctx, region, rev, func(worker int, e Entry) {
 				s.seeWatched(region, worker, &last[worker], e)
 			})
+		}
+		if time.Since(start) > watchRetryMax {
+			wait = watchRetryMin // it ran a while: a new break, not a failing retry
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
