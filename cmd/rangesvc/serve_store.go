@@ -16,8 +16,10 @@ import (
 // storeConfig maps the store's flags onto store.Config.
 func (c serveConfig) storeConfig() store.Config {
 	return store.Config{
-		LeaseTTL: c.LeaseTTL,
-		Policy:   segment.Policy{MaxBlock: int64(c.MaxBlock), MaxLead: c.MaxLead},
+		LeaseTTL:     c.LeaseTTL,
+		Policy:       segment.Policy{MaxBlock: int64(c.MaxBlock), MaxLead: c.MaxLead},
+		RestartFloor: true,
+		MaxClockSkew: c.MaxClockSkew,
 	}
 }
 
