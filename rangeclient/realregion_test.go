@@ -12,6 +12,7 @@ import (
 	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/internal/testing/localregion"
 	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
+	"github.com/idrange/idrange/internal/testing/testenv"
 	"github.com/idrange/idrange/rangeclient/rangeclienttest"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -257,12 +258,10 @@ func TestRealDesignCase5Fleet(t *testing.T) {
 	if testing.Short() {
 		t.Skip("800 clients over etcd: skipped with -short")
 	}
-	if raceEnabled {
-		// The race detector instruments the in-process etcd too; 800 leases
-		// on 2 cores then miss etcd's own deadlines. The client's
-		// concurrency is covered under -race by the 64-goroutine test.
-		t.Skip("800 clients over in-process etcd: too slow under -race")
-	}
+	// The race detector instruments the in-process etcd too; 800 leases
+	// on 2 cores then miss etcd's own deadlines. The client's concurrency
+	// is covered under -race by the 64-goroutine test.
+	testenv.SkipUnderRace(t, "800 clients over in-process etcd miss etcd's deadlines")
 	const regions, perRegion, perClient = 4, 200, 1000
 	etcd := embedetcdtest.Start(t)
 	msBefore := snowflake.MsSince(time.Now())

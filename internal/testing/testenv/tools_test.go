@@ -99,3 +99,20 @@ func TestLookToolFound(t *testing.T) {
 		t.Errorf("go is on PATH, yet fatal %q, skip %q", r.fatal, r.skip)
 	}
 }
+
+// SkipUnderRace skips, with RaceSkipPrefix and the reason, exactly when the
+// race detector is on, in CI mode too (the test runs pinned without it).
+func TestSkipUnderRace(t *testing.T) {
+	t.Setenv("CI", "true")
+	ran := false
+	r := run(func(tb testing.TB) { SkipUnderRace(tb, "too slow"); ran = true })
+	if Race {
+		if r.skip != RaceSkipPrefix+"too slow" || ran {
+			t.Errorf("under -race: skip %q, went on %v; want a skip %q", r.skip, ran, RaceSkipPrefix+"too slow")
+		}
+		return
+	}
+	if r.skip != "" || r.fatal != "" || !ran {
+		t.Errorf("without -race: skip %q, fatal %q, went on %v; want nothing", r.skip, r.fatal, ran)
+	}
+}

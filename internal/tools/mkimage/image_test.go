@@ -17,6 +17,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/idrange/idrange/internal/testing/testenv"
 )
 
 // builtBinary builds rangesvc once for the tests below, as a release
@@ -46,9 +48,7 @@ func builtBinary(t *testing.T, version string) string {
 // version output): under the race detector hashing and compressing the
 // layer takes most of a minute.
 func TestImageRunsVersion(t *testing.T) {
-	if raceEnabled {
-		t.Skip("runs without -race (scripts/test): gzip and sha256 of the 26 MiB layer take ~45 s under the race detector")
-	}
+	testenv.SkipUnderRace(t, "gzip and sha256 of the 26 MiB layer take ~45 s under the race detector (~6 s without)")
 	const version = "v0.0.0-imagetest"
 	bin := builtBinary(t, version)
 	dir := t.TempDir()
