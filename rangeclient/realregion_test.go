@@ -8,8 +8,11 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/idrange/idrange/internal/server/embedetcd/embedetcdtest"
 	"github.com/idrange/idrange/internal/server/store"
+	"github.com/idrange/idrange/internal/server/store/etcdstore"
 	"github.com/idrange/idrange/internal/testing/localregion"
 	"github.com/idrange/idrange/internal/testing/localregion/regiontest"
 	"github.com/idrange/idrange/internal/testing/testenv"
@@ -201,9 +204,19 @@ func TestRealRegionCase4PausedOwner(t *testing.T) {
 	for range 300 {
 		idsA = append(idsA, mustNext(t, a))
 	}
+	keys, err := etcdstore.New(rs[0].Client(), etcdstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ownerKey := keys.LeaseKey(1, leaseA.Worker)
+	owner, err := rs[0].Client().Get(ctx, ownerKey)
+	if err != nil || len(owner.Kvs) != 1 {
+		t.Fatalf("A's owner key %s: %v (%d keys)", ownerKey, err, len(owner.Kvs))
+	}
 	connA.SetFault(rangeclienttest.HoldReplies)
 	pausedAt := time.Now()
-	time.Sleep(realTTL + 2*time.Second) // etcd expires the lease (checked every 500 ms)
+	waitDeleted(t, rs[0].Client(), ownerKey, owner.Header.Revision, realTTL+10*time.Second)
+	t.Logf("etcd expired A's lease %v after the pause (TTL %v)", time.Since(pausedAt).Round(time.Millisecond), realTTL)
 
 	b := realClient(t, nil, rs[0].Addr())
 	leaseB := b.Lease().Lease
@@ -244,6 +257,25 @@ func TestRealRegionCase4PausedOwner(t *testing.T) {
 		t.Fatalf("A did not move to a fresh lease on another code: %+v", got)
 	}
 	checkUnique(t, append(idsA, idsB...))
+}
+
+// waitDeleted waits until key is deleted after revision rev (an etcd
+// lease's expiry deletes the keys attached to it), failing t after timeout.
+func waitDeleted(t *testing.T, cli *clientv3.Client, key string, rev int64, timeout time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for resp := range cli.Watch(ctx, key, clientv3.WithRev(rev+1)) {
+		if err := resp.Err(); err != nil {
+			t.Fatalf("watching %s: %v", key, err)
+		}
+		for _, ev := range resp.Events {
+			if ev.Type == clientv3.EventTypeDelete {
+				return
+			}
+		}
+	}
+	t.Fatalf("%s was not deleted within %v: etcd did not expire its lease", key, timeout)
 }
 
 // docs/design.md case 5 over etcd: 4 regions x 200 workers, each region its own
