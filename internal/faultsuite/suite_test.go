@@ -484,7 +484,9 @@ func (s *suite) collect() (result, error) {
 		errs = append(errs, fmt.Errorf("CHECK FAILED: %w", err))
 	}
 	if err := rep.FreshnessErr(); err != nil {
-		s.logf("FRESHNESS FINDING (cannot duplicate, reported not failed): %v", err)
+		// It cannot duplicate an ID, but it breaks the time bound clients
+		// rely on (a block is dropped at its validity): a failure.
+		errs = append(errs, fmt.Errorf("FRESHNESS FAILED: %w", err))
 	}
 	if !rep.HWMChecked || rep.HWMSteps == 0 {
 		errs = append(errs, errors.New("the etcd high-water-mark record was not checked"))
