@@ -275,8 +275,8 @@ func TestServeTwoReplicasExternalEtcd(t *testing.T) {
 		t.Fatalf("replica B's service time is only %v behind the clock; the fault flag did not apply", behind)
 	}
 	seen := map[snowflake.ID]bool{}
-	checkIDs(t, region, seen, testenv.Mint(t, []string{pa.GRPCAddr, pb.GRPCAddr}, region, 500))
-	checkIDs(t, region, seen, testenv.Mint(t, []string{pb.GRPCAddr}, region, 500))
+	checkIDs(t, region, seen, testenv.MintSkewed(t, []string{pa.GRPCAddr, pb.GRPCAddr}, region, 500, 2*time.Second))
+	checkIDs(t, region, seen, testenv.MintSkewed(t, []string{pb.GRPCAddr}, region, 500, 2*time.Second))
 }
 
 // allocateWaiting grants about n IDs on lease, waiting out backpressure as a
