@@ -102,8 +102,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return rep, nil
 }
 
-// Err is nil when every strategy ran and verified; otherwise it names the
-// first that did not (wrapping ErrVerify for a failed check).
+// Err is nil when every strategy ran and verified the IDs it minted (at
+// least one: an empty check proves nothing); otherwise it names the first
+// that did not (wrapping ErrVerify for a failed or empty check).
 func (r *Report) Err() error { return measure.Or(r.full, "compare").Err() }
 
 // WriteJSON writes the full report as indented JSON.

@@ -3,6 +3,7 @@ package compare_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -31,6 +32,33 @@ func TestRunLocalStrategies(t *testing.T) {
 	for _, r := range rep.Results {
 		if r.Single.IDsPerSec <= 0 || r.Multi.IDsPerSec <= 0 {
 			t.Errorf("%s: IDs/s %v and %v, want positive", r.Name, r.Single.IDsPerSec, r.Multi.IDsPerSec)
+		}
+	}
+	// Every ID verified: the full report's check of each strategy covers
+	// every ID it minted (100 ms mint far fewer than the cap on kept IDs),
+	// none duplicate or out of range.
+	var full struct {
+		Results []struct {
+			Name   string
+			Verify struct {
+				Checked    int64  `json:"checked"`
+				Minted     int64  `json:"minted"`
+				Duplicates int64  `json:"duplicates"`
+				OutOfRange int64  `json:"out_of_range"`
+				Problem    string `json:"problem"`
+			}
+		}
+	}
+	var js bytes.Buffer
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(js.Bytes(), &full); err != nil || len(full.Results) != 2 {
+		t.Fatalf("the full report: %v, %d results", err, len(full.Results))
+	}
+	for _, r := range full.Results {
+		if v := r.Verify; v.Checked <= 0 || v.Checked != v.Minted || v.Duplicates != 0 || v.OutOfRange != 0 || v.Problem != "" {
+			t.Errorf("%s: verify %+v; want every minted ID checked, all unique and in range", r.Name, v)
 		}
 	}
 	back := measure.RoundTrip[compare.Report](t, rep.WriteJSON)

@@ -207,8 +207,9 @@
 //
 // ErrLeaseLost, ErrFenced, ErrUnavailable and ErrOverlap are retryable
 // (IsRetryable): the client recovers in the background. ErrClosed, ErrEpochExhausted and
-// ErrInvalidConfig are final, and so is segment.ErrPermissionDenied (under
-// mutual TLS, the service refuses this client's identity: see Config.TLS).
+// ErrInvalidConfig are final, and so is segment.ErrPermissionDenied from New
+// (under mutual TLS, the service refuses this client's identity: see
+// Config.TLS); on a renewal or a grant it means the lease is gone, as ErrFenced.
 // Match them with the standard library's errors.Is. Errors from the service keep their segment sentinels in the
 // chain, also across gRPC (errors.Is(err, segment.ErrFenced) works, and
 // errors.As finds a *segment.Backpressure). Error messages are one line.

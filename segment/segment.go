@@ -68,10 +68,11 @@ var (
 	ErrUnavailable = errors.New("segment: store unavailable")
 	// ErrEpochExhausted: the block would run past snowflake.MaxTimestamp.
 	ErrEpochExhausted = snowflake.ErrEpochExhausted
-	// ErrPermissionDenied: the caller's identity (WithIdentity) is not the
-	// one the lease was acquired by. Nothing was changed. Final for that
-	// caller and lease.
-	ErrPermissionDenied = errors.New("segment: permission denied: the lease belongs to another identity")
+	// ErrPermissionDenied: the caller's identity (WithIdentity) does not
+	// hold the lease it named (the code's live lease is another identity's,
+	// or the code has none). Nothing was changed. Final for that caller and
+	// lease.
+	ErrPermissionDenied = errors.New("segment: permission denied: the caller's identity does not hold the lease")
 	// ErrCodeCap: the caller's identity already holds
 	// StoreConfig.MaxCodesPerIdentity worker codes of the region. Retryable
 	// once one of them is released or expires.

@@ -40,7 +40,8 @@ func encodeHighWater(ms int64) []byte {
 }
 
 // decodeHighWater parses the file form strictly: header, decimal ms in
-// 0..MaxTimestamp, one newline, nothing else.
+// 0..MaxTimestamp without leading zeros, one newline, nothing else: only
+// what encodeHighWater writes.
 func decodeHighWater(b []byte) (int64, error) {
 	s := string(b)
 	rest, ok := strings.CutPrefix(s, highWaterHeader)
@@ -50,6 +51,9 @@ func decodeHighWater(b []byte) (int64, error) {
 	digits, ok := strings.CutSuffix(rest, "\n")
 	if !ok || digits == "" || strings.ContainsAny(digits, "\n+- ") {
 		return 0, fmt.Errorf("malformed value %q: %w", rest, ErrHighWaterCorrupt)
+	}
+	if len(digits) > 1 && digits[0] == '0' {
+		return 0, fmt.Errorf("value %q has a leading zero, which the encoder never writes: %w", digits, ErrHighWaterCorrupt)
 	}
 	ms, err := strconv.ParseInt(digits, 10, 64)
 	if err != nil {

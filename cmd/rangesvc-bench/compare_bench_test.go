@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 
@@ -52,13 +53,21 @@ func TestCompareLocalJSON(t *testing.T) {
 	}
 }
 
-// The help names every built-in strategy, so it cannot fall behind
-// comparerun.Default.
+// The help's strategy list is exactly the built-in strategies, in
+// comparerun.Default's order (the --strategies default), and not empty, so
+// it cannot fall behind comparerun.Default nor pass on an empty list.
 func TestCompareUsageListsStrategies(t *testing.T) {
-	for _, name := range defaultStrategyNames() {
-		if !strings.Contains(compareUsage, "\n  "+name+" ") {
-			t.Errorf("compare usage does not list strategy %q", name)
+	_, list, ok := strings.Cut(compareUsage, "\nstrategies (--strategies, default all, in this order):\n")
+	list, _, _ = strings.Cut(list, "\n\n")
+	var listed []string
+	for _, line := range strings.Split(list, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(line, "  ") && !strings.HasPrefix(line, "   ") {
+			listed = append(listed, f[0])
 		}
+	}
+	want := defaultStrategyNames()
+	if !ok || len(want) == 0 || !slices.Equal(listed, want) {
+		t.Errorf("compare usage lists strategies %q, comparerun.Default has %q; want the same, not empty", listed, want)
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/idrange/idrange/internal/server/buildinfo"
 	"github.com/idrange/idrange/internal/server/cli"
+	"github.com/idrange/idrange/internal/server/connlimit"
 	"github.com/idrange/idrange/internal/server/embedetcd"
 	"github.com/idrange/idrange/internal/server/region"
 	"github.com/idrange/idrange/internal/server/service"
@@ -51,6 +51,10 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	log.Info("starting", attrs...)
 	clk, stopFaults := cfg.Faults.serviceClock(log)
 	defer stopFaults()
+	// Every block granted before this instant ends below the restart
+	// floor (store.Config.StartedAt): read before etcd starts, so the
+	// floor is as low as it can be proven.
+	started := clk()
 	// Before etcd starts: the embedded one sizes its own listener from
 	// the limit.
 	limits, err := cfg.connLimits(openFileLimit(log), log)
@@ -77,18 +81,23 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	if registry != nil {
 		defer registry.Close()
 	}
+	// The listeners first: the gRPC server tells its listener which
+	// connections have started (connlimit).
+	gl, rawML, err := listen(cfg, limits)
+	if err != nil {
+		return err
+	}
 	rc := cfg.replicaConfig(etcd.cli, clk, reg, log)
+	rc.Store.StartedAt = started
 	cfg.RegionID.applyReplica(&rc, etcd.emb != nil, registry)
-	rc.Limits = limits.grpcLimits()
+	rc.Limits = limits.grpcLimits(gl)
 	rep, err := region.NewReplica(rc)
 	if err != nil {
+		gl.Close()
+		rawML.Close()
 		return err
 	}
-	gl, ml, err := listen(cfg, limits)
-	if err != nil {
-		return err
-	}
-	ml = cfg.Security.metricsListener(ml)
+	ml := cfg.Security.metricsListener(rawML)
 	cfg.Security.logMode(log)
 	hs := metricsServer(reg, rep.Service(), limits, log)
 	errc := make(chan error, 3)
@@ -203,19 +212,30 @@ func waitForEnd(ctx context.Context, serverErr <-chan error, etcdErr <-chan erro
 }
 
 // listen opens the gRPC and the metrics listeners, each holding at most
-// lim's connections (TLS, if any, goes on top: a connection waiting for its
-// handshake holds a slot).
-func listen(cfg serveConfig, lim connLimits) (grpcLis, metricsLis net.Listener, err error) {
-	gl, err := lim.listen("--listen", cfg.Listen, "grpc")
+// lim's connections, the metrics one probeReserve more for the probes
+// (TLS, if any, goes on top: a connection waiting for its handshake holds
+// a slot).
+func listen(cfg serveConfig, lim connLimits) (grpcLis, metricsLis *connlimit.Listener, err error) {
+	gl, err := lim.listen("--listen", cfg.Listen, "grpc", 0)
 	if err != nil {
 		return nil, nil, err
 	}
-	ml, err := lim.listen("--metrics", cfg.Metrics, "metrics")
+	ml, err := lim.listen("--metrics", cfg.Metrics, "metrics", probeReserve)
 	if err != nil {
 		gl.Close()
 		return nil, nil, err
 	}
 	return gl, ml, nil
+}
+
+// isProbe reports whether r is a probe the metrics server answers on its
+// reserve slots: a GET or HEAD of /livez, /readyz or /healthz.
+func isProbe(r *http.Request) bool {
+	switch r.URL.Path {
+	case "/livez", "/readyz", "/healthz":
+		return r.Method == http.MethodGet || r.Method == http.MethodHead
+	}
+	return false
 }
 
 // metricsServer serves /metrics from reg and the HTTP probes:
@@ -227,7 +247,8 @@ func listen(cfg serveConfig, lim connLimits) (grpcLis, metricsLis net.Listener, 
 //     gRPC health); otherwise 503 "NOT_SERVING: <reason>".
 //   - /healthz: /readyz under its old name.
 //
-// The server has lim's timeouts; its own errors go to log.
+// The server has lim's timeouts, and answers the probes alone on the
+// listener's reserve slots (isProbe); its own errors go to log.
 func metricsServer(reg *prometheus.Registry, svc *service.Service, lim connLimits, log *slog.Logger) *http.Server {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
@@ -243,7 +264,7 @@ func metricsServer(reg *prometheus.Registry, svc *service.Service, lim connLimit
 	}
 	mux.HandleFunc("/readyz", ready)
 	mux.HandleFunc("/healthz", ready)
-	return lim.httpServer(mux, log.With("component", "metrics-http"))
+	return lim.httpServer(mux, isProbe, log.With("component", "metrics-http"))
 }
 
 // serveEtcd is serve's etcd: the embedded member in the data dir (emb set)

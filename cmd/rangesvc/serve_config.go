@@ -32,6 +32,10 @@ const (
 	defaultEtcdPeerURL   = "https://127.0.0.1:2380"
 	defaultShutdown      = 10 * time.Second
 	defaultDrainDelay    = 5 * time.Second
+	// defaultMaxClockSkew is --max-clock-skew's default: far above what
+	// NTP or chrony keeps hosts to, small enough that the restart floor's
+	// backpressure after a start stays under two seconds.
+	defaultMaxClockSkew = 500 * time.Millisecond
 	// maxSharedRate bounds --shared-rate: far above what one replica's
 	// code can carve (4,096,000 IDs/s, more with its lead).
 	maxSharedRate = 1e9
@@ -96,6 +100,12 @@ type serveConfig struct {
 	// RollbackBound (--rollback-bound, default 5ms): a service clock this far
 	// behind the highest time seen reports NOT_SERVING.
 	RollbackBound time.Duration
+	// MaxClockSkew (--max-clock-skew, default 500ms, 0..1h) is the bound the
+	// region documents on how far its replicas' clocks may differ (and one
+	// replica's clock may step back across a restart). The replica grants
+	// nothing below its restart floor, its clock at start + --max-lead +
+	// this (store.Config.RestartFloor; docs/design.md).
+	MaxClockSkew time.Duration
 	// KeyPrefix (--key-prefix, default /idrange/v1/) is the etcd key prefix.
 	KeyPrefix string
 	// EtcdTimeout (--etcd-timeout, default 5s) bounds connecting to etcd and
@@ -155,6 +165,14 @@ type serveConfig struct {
 	// IdleTimeout (--idle-timeout, default 2m) closes a connection with no
 	// call or request in flight for this long.
 	IdleTimeout time.Duration
+	// HTTPReadTimeout (--http-read-timeout, default 10s) closes an HTTP
+	// connection (--http, --metrics) whose request, headers and body, has
+	// not arrived this long after it began.
+	HTTPReadTimeout time.Duration
+	// HTTPWriteTimeout (--http-write-timeout, default 15s) closes an HTTP
+	// connection whose response has not been taken this long after its
+	// request's headers arrived (the handler's time included).
+	HTTPWriteTimeout time.Duration
 
 	// Faults are the test-only fault flags; empty, and no flags, unless
 	// built with -tags idrange_faults (faults_on.go).
@@ -197,6 +215,7 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.Int64Var(&c.SharedRateTotal, "shared-rate-total", 0, "IDs/s all identities together take from this replica's own codes (shared runs, MintBatch); spent, each gets its fair share (0: 3000000 per --shared-codes)")
 	fs.IntVar(&c.SharedCodes, "shared-codes", mintpool.DefaultMaxCodes, "worker codes this replica's own minter may hold, taken as demand needs them")
 	fs.DurationVar(&c.RollbackBound, "rollback-bound", service.DefaultRollbackBound, "clock rollback that makes the replica NOT_SERVING")
+	fs.DurationVar(&c.MaxClockSkew, "max-clock-skew", defaultMaxClockSkew, "most the region's replica clocks may differ; no grant starts below the clock at start + --max-lead + this")
 	fs.StringVar(&c.KeyPrefix, "key-prefix", etcdstore.DefaultPrefix, "etcd key prefix")
 	fs.DurationVar(&c.EtcdTimeout, "etcd-timeout", region.DefaultEtcdTimeout, "timeout for connecting to etcd and health probes")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", defaultShutdown, "graceful shutdown bound")
@@ -209,6 +228,8 @@ func parseServeFlags(args []string, stderr io.Writer) (serveConfig, error) {
 	fs.IntVar(&c.MaxConnections, "max-connections", defaultMaxConnections, "connections each listener (gRPC, HTTP, metrics) holds open at once; more wait in the listen backlog (lowered to fit the open-file limit)")
 	fs.DurationVar(&c.HandshakeTimeout, "handshake-timeout", service.DefaultHandshakeTimeout, "close a connection without a finished TLS/HTTP2 handshake or request headers after this; also bounds a gRPC call's wait for its request")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", service.DefaultIdleTimeout, "close a connection idle (no call or request in flight) this long")
+	fs.DurationVar(&c.HTTPReadTimeout, "http-read-timeout", defaultHTTPReadTimeout, "HTTP ports: close a connection whose request (headers and body) has not arrived this long after it began")
+	fs.DurationVar(&c.HTTPWriteTimeout, "http-write-timeout", defaultHTTPWriteTimeout, "HTTP ports: close a connection whose response has not been taken this long after its request's headers")
 	c.Faults.register(fs)
 	c.Security.register(fs)
 	c.RegionID.register(fs)
@@ -275,6 +296,8 @@ func (c serveConfig) Validate() error {
 		return errors.Newf("--max-lead %v must be whole milliseconds, at least 1s", c.MaxLead)
 	case c.RollbackBound < 0:
 		return errors.Newf("--rollback-bound %v must not be negative", c.RollbackBound)
+	case c.MaxClockSkew < 0 || c.MaxClockSkew > time.Hour:
+		return errors.Newf("--max-clock-skew %v not in 0s..1h", c.MaxClockSkew)
 	case c.SharedRate < 0 || c.SharedRate > maxSharedRate:
 		return errors.Newf("--shared-rate %d not in 0..%d IDs/s (0 turns the shared path off)", c.SharedRate, int64(maxSharedRate))
 	case c.SharedRateTotal < 0 || c.SharedRateTotal > maxSharedRate:

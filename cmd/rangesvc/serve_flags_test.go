@@ -40,6 +40,8 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"serve", "--region", "0", "--max-block", "0"}, "--max-block 0"},
 		{[]string{"serve", "--region", "0", "--max-lead", "10ms"}, "--max-lead"},
 		{[]string{"serve", "--region", "0", "--rollback-bound", "-1ms"}, "--rollback-bound"},
+		{[]string{"serve", "--region", "0", "--max-clock-skew", "-1ms"}, "--max-clock-skew -1ms not in 0s..1h"},
+		{[]string{"serve", "--region", "0", "--max-clock-skew", "2h"}, "--max-clock-skew 2h0m0s not in 0s..1h"},
 		{[]string{"serve", "--region", "0", "--shared-rate", "-1"}, "--shared-rate -1 not in 0..1000000000 IDs/s"},
 		{[]string{"serve", "--region", "0", "--key-prefix", "idrange"}, "--key-prefix"},
 		{[]string{"serve", "--region", "0", "--log-level", "loud"}, "--log-level"},
@@ -87,8 +89,13 @@ func TestServeFlagsDefaults(t *testing.T) {
 		c.DrainDelay != defaultDrainDelay || c.LogFormat != logText || c.ConfigFile != "" ||
 		c.LeaseTTL != store.DefaultLeaseTTL || c.MaxLead != segment.DefaultMaxLead || len(c.Etcd) != 0 || c.Region != 2 ||
 		c.SharedRate != service.DefaultSharedRate || c.sharedRate() != service.DefaultSharedRate ||
-		c.EtcdClientURL != "https://127.0.0.1:2379" || c.EtcdPeerURL != "https://127.0.0.1:2380" {
+		c.EtcdClientURL != "https://127.0.0.1:2379" || c.EtcdPeerURL != "https://127.0.0.1:2380" ||
+		c.MaxClockSkew != defaultMaxClockSkew {
 		t.Fatalf("defaults = %+v", c)
+	}
+	// The restart floor is always on; --max-clock-skew sizes it.
+	if sc := c.storeConfig(); !sc.RestartFloor || sc.MaxClockSkew != defaultMaxClockSkew || sc.Policy.MaxLead != c.MaxLead {
+		t.Fatalf("store config %+v: want the restart floor with --max-clock-skew and --max-lead", sc)
 	}
 	// --shared-rate 0 turns the shared path off (a negative service rate).
 	if c, err := parseServeFlags([]string{"--region", "2", "--shared-rate", "0"}, &strings.Builder{}); err != nil || c.sharedRate() >= 0 {

@@ -61,12 +61,12 @@ func startHTTPAPI(addr string, lim connLimits, secure func(net.Listener) net.Lis
 	if err != nil {
 		return nil, err
 	}
-	lis, err := lim.listen("--http", addr, "http")
+	capped, err := lim.listen("--http", addr, "http", 0)
 	if err != nil {
 		return nil, err
 	}
-	lis = secure(lis)
-	a := &httpAPI{lis: lis, srv: lim.httpServer(h, log.With("component", "http-api"))}
+	lis := secure(capped)
+	a := &httpAPI{lis: lis, srv: lim.httpServer(h, noProbes, log.With("component", "http-api"))}
 	go func() {
 		if err := a.srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
 			errc <- errors.Wrap(err, "http api server")

@@ -37,10 +37,31 @@ const (
 	// minConnsPerListener is the smallest cap serve starts with: below it
 	// the open-file limit is a misconfiguration, not a choice.
 	minConnsPerListener = 16
+	// probeReserve is how many connections the metrics listener admits
+	// beyond its cap for /livez and /readyz (and /healthz) alone, so that
+	// slow peers holding every other slot cannot make the probes fail
+	// (connlimit.Config.Reserve): a kubelet's liveness, readiness and
+	// startup probes, and room to spare.
+	probeReserve = 8
+	// maxShedAfter bounds how long a connection that has not started (no
+	// gRPC call, no HTTP request yet) is safe from being shed at the cap
+	// (connlimit.Config.ShedAfter; --handshake-timeout if shorter): long
+	// enough for a TLS handshake and a first request on a loaded host,
+	// short enough that a flood drains fast (docs/operations.md: the
+	// admission bound).
+	maxShedAfter = 100 * time.Millisecond
+	// defaultHTTPReadTimeout and defaultHTTPWriteTimeout are the defaults
+	// of --http-read-timeout and --http-write-timeout: a request (headers
+	// and body) must arrive within the first, a response be taken within
+	// the second after its request's headers. The write timeout covers the
+	// handler too: the longest, a MintBatch through --http, waits for the
+	// store at most service.DefaultRPCTimeout (10 s).
+	defaultHTTPReadTimeout  = 10 * time.Second
+	defaultHTTPWriteTimeout = 15 * time.Second
 )
 
-// validateConnLimits checks --max-connections, --handshake-timeout and
-// --idle-timeout.
+// validateConnLimits checks --max-connections, --handshake-timeout,
+// --idle-timeout, --http-read-timeout and --http-write-timeout.
 func (c serveConfig) validateConnLimits() error {
 	switch {
 	case c.MaxConnections < 1 || c.MaxConnections > maxMaxConnections:
@@ -49,16 +70,25 @@ func (c serveConfig) validateConnLimits() error {
 		return errors.Newf("--handshake-timeout %v must be positive", c.HandshakeTimeout)
 	case c.IdleTimeout <= 0:
 		return errors.Newf("--idle-timeout %v must be positive", c.IdleTimeout)
+	case c.HTTPReadTimeout <= 0:
+		return errors.Newf("--http-read-timeout %v must be positive", c.HTTPReadTimeout)
+	case c.HTTPWriteTimeout <= 0:
+		return errors.Newf("--http-write-timeout %v must be positive", c.HTTPWriteTimeout)
 	}
 	return nil
 }
 
 // connLimits are serve's bounds on what peers hold: at most maxConns open
-// connections per listener (gRPC, --http, --metrics), the handshake and
-// idle timeouts on each, and the gRPC server's per-connection limits.
+// connections per listener (gRPC, --http, --metrics; the metrics listener
+// probeReserve more for the probes), shedding at the cap connections that
+// have not started after shedAfter, the handshake and idle timeouts on
+// each, the HTTP servers' read and write timeouts, and the gRPC server's
+// per-connection limits.
 type connLimits struct {
 	maxConns        int
 	handshake, idle time.Duration
+	shedAfter       time.Duration
+	read, write     time.Duration      // HTTP: the whole request, the response
 	metrics         *connlimit.Metrics // nil: not exported
 }
 
@@ -89,28 +119,32 @@ func (c serveConfig) connLimits(files uint64, log *slog.Logger) (connLimits, err
 	if err != nil {
 		return connLimits{}, err
 	}
+	shed := min(maxShedAfter, c.HandshakeTimeout)
 	if n < c.MaxConnections && c.maxConnsSet {
 		log.Warn("--max-connections lowered to fit the open-file limit (raise the hard limit: ulimit -Hn, LimitNOFILE)",
 			"max_connections", c.MaxConnections, "lowered_to", n, "open_files", files, "reserved", fdReserve)
 	}
 	log.Info("connection limits", "max_connections_per_listener", n, "listeners", strings.Join(names, ","),
-		"max_connections", c.MaxConnections, "open_files", files, "reserved", fdReserve,
-		"handshake_timeout", c.HandshakeTimeout, "idle_timeout", c.IdleTimeout,
+		"max_connections", c.MaxConnections, "open_files", files, "reserved", fdReserve, "probe_reserve", probeReserve,
+		"handshake_timeout", c.HandshakeTimeout, "idle_timeout", c.IdleTimeout, "shed_after", shed,
+		"http_read_timeout", c.HTTPReadTimeout, "http_write_timeout", c.HTTPWriteTimeout,
 		"max_streams_per_connection", service.DefaultMaxStreams)
-	return connLimits{maxConns: n, handshake: c.HandshakeTimeout, idle: c.IdleTimeout}, nil
+	return connLimits{maxConns: n, handshake: c.HandshakeTimeout, idle: c.IdleTimeout, shedAfter: shed,
+		read: c.HTTPReadTimeout, write: c.HTTPWriteTimeout}, nil
 }
 
 // connCap is the per-listener connection cap: want, lowered so that
-// listeners caps together stay within the open-file limit files minus
-// fdReserve. files 0 (unknown) leaves want as it is; a limit that leaves
-// fewer than minConnsPerListener per listener is an error.
+// listeners caps together (and the metrics listener's probeReserve) stay
+// within the open-file limit files minus fdReserve. files 0 (unknown)
+// leaves want as it is; a limit that leaves fewer than
+// minConnsPerListener per listener is an error.
 func connCap(files uint64, want, listeners int) (int, error) {
 	if files == 0 {
 		return want, nil
 	}
 	var share uint64
-	if files > fdReserve {
-		share = (files - fdReserve) / uint64(listeners)
+	if files > fdReserve+probeReserve {
+		share = (files - fdReserve - probeReserve) / uint64(listeners)
 	}
 	if share < minConnsPerListener {
 		return 0, errors.Newf("open-file limit %d leaves %d connections per listener (%d listeners) after %d descriptors reserved for etcd and the process; need at least %d: raise the hard limit (ulimit -Hn, LimitNOFILE)",
@@ -129,14 +163,16 @@ func (l *connLimits) register(reg prometheus.Registerer) error {
 	return nil
 }
 
-// listen listens on addr (the value of flag) with the cap, named name in
-// the metrics.
-func (l connLimits) listen(flag, addr, name string) (net.Listener, error) {
+// listen listens on addr (the value of flag) with the cap and the
+// admission policy, named name in the metrics, with reserve slots beyond
+// the cap (the metrics listener's probeReserve; 0: none).
+func (l connLimits) listen(flag, addr, name string, reserve int) (*connlimit.Listener, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, errors.Wrapf(err, "%s %s", flag, addr)
 	}
-	capped, err := connlimit.Wrap(lis, l.maxConns, l.metrics, name)
+	capped, err := connlimit.New(lis, connlimit.Config{Name: name, Max: l.maxConns, ShedAfter: l.shedAfter,
+		Reserve: reserve, Metrics: l.metrics})
 	if err != nil {
 		lis.Close()
 		return nil, err
@@ -147,17 +183,26 @@ func (l connLimits) listen(flag, addr, name string) (net.Listener, error) {
 // httpServer is an HTTP server with the timeouts: a connection must send
 // its request headers within the handshake timeout (which also bounds a
 // TLS handshake: net/http takes the smallest of its read timeouts for it)
-// and is closed after the idle timeout between requests. Its own errors go
-// to log (httpErrorLog).
-func (l connLimits) httpServer(h http.Handler, log *slog.Logger) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: l.handshake, IdleTimeout: l.idle,
+// and its whole request within the read timeout, take its response within
+// the write timeout after the request's headers, and is closed after the
+// idle timeout between requests. Its listener (listen) sees each request
+// start; on a reserve slot only the requests probe accepts are served
+// (connlimit.Handler). Its own errors go to log (httpErrorLog).
+func (l connLimits) httpServer(h http.Handler, probe func(*http.Request) bool, log *slog.Logger) *http.Server {
+	return &http.Server{Handler: connlimit.Handler(h, probe), ConnContext: connlimit.ConnContext,
+		ReadHeaderTimeout: l.handshake, ReadTimeout: l.read, WriteTimeout: l.write, IdleTimeout: l.idle,
 		ErrorLog: stdlog.New(httpErrorLog{log}, "", 0)}
 }
 
-// grpcLimits are the gRPC server's limits.
-func (l connLimits) grpcLimits() service.ConnLimits {
-	return service.ConnLimits{HandshakeTimeout: l.handshake, IdleTimeout: l.idle}
+// grpcLimits are the gRPC server's limits; a call arriving on a
+// connection of lis marks it started.
+func (l connLimits) grpcLimits(lis *connlimit.Listener) service.ConnLimits {
+	return service.ConnLimits{HandshakeTimeout: l.handshake, IdleTimeout: l.idle, Established: lis.Established}
 }
+
+// noProbes is the probe filter of a server that serves no probes (its
+// listener has no reserve).
+func noProbes(*http.Request) bool { return false }
 
 // httpErrorLog is an HTTP server's error log in serve's log: TLS handshake
 // failures at debug (one per peer that connects and does not finish, a

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"fmt"
 	"syscall"
 	"testing"
+
+	"github.com/idrange/idrange/internal/testing/testenv"
 )
 
 // serve raises a lowered soft open-file limit to the hard limit and
@@ -10,10 +13,11 @@ import (
 func TestRaiseOpenFileLimit(t *testing.T) {
 	var orig syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &orig); err != nil {
-		t.Skipf("no RLIMIT_NOFILE here: %v", err)
+		testenv.Missing(t, "RLIMIT_NOFILE", fmt.Sprintf("getrlimit failed: %v", err))
 	}
 	if orig.Max < 512 {
-		t.Skipf("hard open-file limit %d too low to lower the soft one below it", orig.Max)
+		testenv.Missing(t, "a hard open-file limit of at least 512",
+			fmt.Sprintf("this one is %d, too low to lower the soft limit below it; raise it (ulimit -Hn 4096, as root)", orig.Max))
 	}
 	t.Cleanup(func() {
 		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &orig); err != nil {

@@ -14,10 +14,19 @@ import (
 )
 
 // storeConfig maps the store's flags onto store.Config.
+//
+// The restart floor is on with an external etcd (--etcd) only. The embedded
+// etcd runs inside this process: while the replica is down its etcd is down
+// too, so nobody can lower a mark through etcd behind the replica's back
+// (only by editing its data files, which no floor can stop), and the floor
+// would cost every start a jump of the codes' timestamps to the lead for
+// nothing (docs/design.md, "A floor that survives restarts").
 func (c serveConfig) storeConfig() store.Config {
 	return store.Config{
-		LeaseTTL: c.LeaseTTL,
-		Policy:   segment.Policy{MaxBlock: int64(c.MaxBlock), MaxLead: c.MaxLead},
+		LeaseTTL:     c.LeaseTTL,
+		Policy:       segment.Policy{MaxBlock: int64(c.MaxBlock), MaxLead: c.MaxLead},
+		RestartFloor: len(c.Etcd) > 0,
+		MaxClockSkew: c.MaxClockSkew,
 	}
 }
 

@@ -42,10 +42,12 @@ func TestSharedPathServeMutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	start := time.Now()
 	ids, err := c.NextN(context.Background(), 1000)
 	if err != nil || len(ids) != 1000 {
 		t.Fatalf("NextN on the shared path: %d IDs, %v", len(ids), err)
 	}
+	testenv.CheckIDs(t, ids, 2, start)
 	if li := c.Lease(); !li.Shared || li.Lease.Region != 2 {
 		t.Fatalf("Codes 0 against rangesvc serve: lease %+v, want the shared path in region 2", li)
 	}

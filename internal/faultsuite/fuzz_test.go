@@ -6,7 +6,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
@@ -116,7 +115,8 @@ func (a *recordingAlloc) Allocate(_ context.Context, l segment.Lease, n int) (se
 // arbitrary field values over a recording fake allocator. A request is
 // valid exactly when its fields satisfy the service's documented rules
 // (region this replica's, worker 0..255, token > 0, lease_id > 0, count
-// 1..MaxBlock, owner at most 256 bytes of UTF-8, lease present); an invalid
+// 1..MaxBlock, owner segment.ValidateOwner's printable UTF-8 of at most 256
+// bytes, lease present); an invalid
 // one is InvalidArgument and never reaches the allocator; a valid one
 // reaches it with exactly the fields sent.
 func FuzzServiceRequestValidation(f *testing.F) {
@@ -149,7 +149,7 @@ func FuzzServiceRequestValidation(f *testing.F) {
 		)
 		switch method % 4 {
 		case 0:
-			valid = reg == svcRegion && len(owner) <= segment.MaxOwnerLen && utf8.ValidString(owner)
+			valid = reg == svcRegion && segment.ValidateOwner(owner) == nil
 			sent = [2]any{int(reg), owner}
 			reply, rerr = svc.AcquireLease(ctx, &idrangev1.AcquireLeaseRequest{Region: reg, Owner: owner})
 		case 1:

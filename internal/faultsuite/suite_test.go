@@ -57,9 +57,10 @@ type options struct {
 	// no --safety-margin or --refill-interval is passed (margin and refill
 	// are ignored), so the scenario sees what a new user's client does.
 	clientDefaults bool
-	// notAfterSlack widens the ID timestamp window past the end of the run
-	// (forward clock jumps); the service's max lead (15 s) is always added.
-	notAfterSlack time.Duration
+	// clockBack and clockAhead are the furthest the scenario moves a
+	// service clock back and forward (replica.setClock): they widen the
+	// time bound (timeBound) and the run's timestamp window by as much.
+	clockBack, clockAhead time.Duration
 	// mtls runs replicas and minters over mutual TLS (mtls_test.go).
 	mtls bool
 	// sharedMinters are started after the minters, with --codes 0: they
@@ -67,8 +68,8 @@ type options struct {
 	// rangeclient.DedicatedRate.
 	sharedMinters int
 	// timeBound holds every ID to the time bound users rely on
-	// (history.Config.MaxBehind 1 s, MaxAhead the service's max lead):
-	// only for runs that do not move a service clock.
+	// (history.Config.MaxBehind 1 s, MaxAhead the service's max lead),
+	// widened by clockBack and clockAhead in runs that move a service clock.
 	timeBound bool
 }
 
@@ -483,7 +484,9 @@ func (s *suite) collect() (result, error) {
 		errs = append(errs, fmt.Errorf("CHECK FAILED: %w", err))
 	}
 	if err := rep.FreshnessErr(); err != nil {
-		s.logf("FRESHNESS FINDING (cannot duplicate, reported not failed): %v", err)
+		// It cannot duplicate an ID, but it breaks the time bound clients
+		// rely on (a block is dropped at its validity): a failure.
+		errs = append(errs, fmt.Errorf("FRESHNESS FAILED: %w", err))
 	}
 	if !rep.HWMChecked || rep.HWMSteps == 0 {
 		errs = append(errs, errors.New("the etcd high-water-mark record was not checked"))
@@ -528,12 +531,12 @@ func (s *suite) checkConfig(hwm map[int][]int64) history.Config {
 	cfg := history.Config{
 		Region:    region,
 		NotBefore: s.start.Add(-2 * time.Second),
-		NotAfter:  time.Now().Add(segment.DefaultMaxLead + 2*time.Second + s.opt.notAfterSlack),
+		NotAfter:  time.Now().Add(segment.DefaultMaxLead + 2*time.Second + s.opt.clockAhead),
 		HWM:       hwm,
 		Replies:   s.replies,
 	}
 	if s.opt.timeBound {
-		cfg.MaxBehind, cfg.MaxAhead = maxBehind, segment.DefaultMaxLead
+		cfg.MaxBehind, cfg.MaxAhead = maxBehind+s.opt.clockBack, segment.DefaultMaxLead+s.opt.clockAhead
 	}
 	return cfg
 }

@@ -22,6 +22,16 @@ import (
 	"github.com/idrange/idrange/snowflake"
 )
 
+// minConnectTimeout is the least time a connection attempt gets: gRPC's
+// own default, which ConnectParams would otherwise replace with 0 (an
+// attempt then gets only the backoff's 50 ms). A replica at its connection
+// cap under a flood admits a new connection after the listen backlog ahead
+// of it drains (about a second; docs/operations.md, "Connection limits and
+// timeouts"): an attempt cut at 50 ms rejoins the backlog at its end, and
+// the client got in only once its backoff had grown past the wait (issue
+// 35: 4 to 6 s instead of 0.9). Calls keep their own deadlines.
+const minConnectTimeout = 20 * time.Second
+
 // dialOptions are the client's gRPC options: TLS with Config.TLS, plaintext
 // only when it is nil; reconnects with exponential backoff; then
 // Config.DialOptions, which win.
@@ -39,6 +49,7 @@ func dialOptions(cfg Config) []grpc.DialOption {
 				Jitter:     0.2,
 				MaxDelay:   cfg.Tuning.BackoffMax,
 			},
+			MinConnectTimeout: minConnectTimeout,
 		}),
 	}
 	return append(opts, cfg.DialOptions...)

@@ -134,9 +134,12 @@ func (j joined) Error() string {
 func (j joined) Unwrap() []error { return j }
 
 // isFencedReply reports whether a service error means "this lease is no
-// longer the code's owner": stop minting now.
+// longer the code's owner": stop minting now. Under mutual TLS the service
+// answers a call on a lease its caller's identity does not hold (expired,
+// released or fenced, so its record is gone) with PermissionDenied, the one
+// answer a stranger gets too: on a renewal or a grant that also means gone.
 func isFencedReply(err error) bool {
-	return errors.Is(err, segment.ErrFenced) || errors.Is(err, segment.ErrLeaseLost)
+	return errors.Is(err, segment.ErrFenced) || errors.Is(err, segment.ErrLeaseLost) || errors.Is(err, segment.ErrPermissionDenied)
 }
 
 // isFinalRefillError reports refill errors that will not go away by

@@ -264,6 +264,50 @@ func TestFencedReplyStopsMintingAtOnce(t *testing.T) {
 	}
 }
 
+// Under mutual TLS the service answers a call on a lease its caller does
+// not hold with PermissionDenied, whoever asks (issue 35: no oracle), also
+// the client whose lease is gone. On a renewal or a grant that is a fence:
+// minting stops at once, before the safety deadline.
+func TestPermissionDeniedOnTheLeaseFences(t *testing.T) {
+	for _, during := range []rangeclienttest.Method{rangeclienttest.Renew, rangeclienttest.Allocate} {
+		t.Run(during.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				conn := fakeService(10 * time.Second).Conn()
+				a := newTestClient(t, conn, func(cfg *Config) {
+					cfg.RefillInterval = 5 * time.Second
+					if during == rangeclienttest.Allocate {
+						cfg.MaxReserve = -1 // a grant comes within a block's life
+					}
+				})
+				mustNext(t, a)
+				conn.SetHook(func(ctx context.Context, m rangeclienttest.Method) error {
+					switch {
+					case m == during:
+						return fmt.Errorf("test: region 0 worker 0: %w", segment.ErrPermissionDenied)
+					case m == rangeclienttest.Renew || m == rangeclienttest.Allocate || m == rangeclienttest.Acquire:
+						return fmt.Errorf("test: unreachable: %w", segment.ErrUnavailable)
+					}
+					return nil
+				})
+				start := time.Now()
+				for a.Lease().Err == nil && time.Since(start) < 10*time.Second {
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+					a.Next(ctx)
+					cancel()
+					time.Sleep(time.Millisecond)
+				}
+				li := a.Lease()
+				if li.Err == nil || !errors.Is(li.Err, ErrFenced) || !errors.Is(li.Err, segment.ErrPermissionDenied) || errors.Is(li.Err, ErrLeaseLost) {
+					t.Fatalf("lease after PermissionDenied on %v: %v; want a fence wrapping ErrPermissionDenied, not the deadline", during, li.Err)
+				}
+				if s := a.Stats(); s.Fenced != 1 {
+					t.Fatalf("Stats.Fenced = %d, want 1", s.Fenced)
+				}
+			})
+		})
+	}
+}
+
 // The stop a buffered block carries for the hot path is min(its validity,
 // its lease's deadline) from the moment the block is published, and it
 // follows the deadline as renewals move it; without renewals it stays put,

@@ -75,6 +75,9 @@ func (c *checker) checkHWM() {
 				c.rep.HWMSteps++
 				if !received[k][i] {
 					c.rep.BurnedGrants++
+					if len(c.owners[k]) > 0 {
+						c.rep.BurnedLeasedGrants++
+					}
 					if prev > 0 {
 						c.rep.BurnedPosition += v - prev
 					}

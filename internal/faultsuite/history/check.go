@@ -138,6 +138,10 @@ type Report struct {
 	// BurnedGrants are HWM steps committed in etcd that no client received
 	// (a grant whose reply was lost or came too late): allowed gaps.
 	BurnedGrants int64 `json:"burned_grants"`
+	// BurnedLeasedGrants are the burned grants on codes some history
+	// leased: grants a recorded client asked for and did not receive (the
+	// rest are a replica's own client's, which no history records).
+	BurnedLeasedGrants int64 `json:"burned_leased_grants"`
 	// BurnedPosition counts the positions of the burned grants whose lower
 	// end is known: a key's first step is left out, because its grant
 	// started at the service's time, not at 0, and nothing records where
@@ -204,12 +208,12 @@ func (r Report) Summary() string {
 		"duplicates=%d out_of_range=%d order=%d "+
 		"after_deadline=%d (closest return before a deadline %v) after_new_owner=%d outside_block=%d after_block_valid=%d (max %v) overlaps=%d "+
 		"outside_time_bound=%d (max behind %v, max ahead %v) "+
-		"hwm_checked=%t hwm_steps=%d hwm_decreases=%d blocks_not_in_etcd=%d burned_grants=%d unused_blocks=%d gap_positions=%d",
+		"hwm_checked=%t hwm_steps=%d hwm_decreases=%d blocks_not_in_etcd=%d burned_grants=%d (on leased codes %d) unused_blocks=%d gap_positions=%d",
 		r.Processes, r.IDs, r.Replies, r.ReplyIDs, r.Leases, r.Renewals, r.Blocks, r.SharedRuns, r.SharedIDs,
 		r.Duplicates, r.OutOfRange, r.OrderViolations,
 		r.AfterDeadline, r.ClosestToDeadline, r.AfterNewOwner, r.OutsideBlock, r.AfterBlockValid, r.MaxBlockOverrun, r.BlockOverlaps,
 		r.OutsideTimeBound, r.MaxBehindSeen, r.MaxAheadSeen,
-		r.HWMChecked, r.HWMSteps, r.HWMDecreases, r.BlocksNotInEtcd, r.BurnedGrants, r.UnusedBlocks, r.GapPositions)
+		r.HWMChecked, r.HWMSteps, r.HWMDecreases, r.BlocksNotInEtcd, r.BurnedGrants, r.BurnedLeasedGrants, r.UnusedBlocks, r.GapPositions)
 }
 
 type codeKey struct{ region, worker int }

@@ -119,7 +119,7 @@ func TestCheckCleanRun(t *testing.T) {
 	}
 	want := Report{Processes: 2, IDs: 8, Leases: 2, Renewals: 3, Blocks: 2, HWMChecked: true, HWMSteps: 3,
 		ClosestToDeadline: time.Second - 110, // p1's call returning at 5 s + 10 ns
-		BurnedGrants:      1, BurnedPosition: linear(ms0+5000, 0) - f.blockA[1],
+		BurnedGrants:      1, BurnedLeasedGrants: 1, BurnedPosition: linear(ms0+5000, 0) - f.blockA[1],
 		GapPositions: (f.blockA[1] - f.blockA[0] - 5) + (f.blockB[1] - f.blockB[0] - 3)}
 	rep.Examples, want.Examples = nil, nil
 	rep.idErr = nil
@@ -302,6 +302,9 @@ func TestCheckBurnedFirstStepHasNoKnownPositions(t *testing.T) {
 	}
 	if want := linear(ms0+5000, 0) - f.blockA[1] + linear(ms0+3100, 0) - linear(ms0+3000, 0); rep.BurnedGrants != 3 || rep.BurnedPosition != want {
 		t.Fatalf("burned grants %d positions %d, want 3 and %d (w3's step above A, w9's second step)", rep.BurnedGrants, rep.BurnedPosition, want)
+	}
+	if rep.BurnedLeasedGrants != 1 {
+		t.Fatalf("burned grants on leased codes %d, want 1 (w3's; no history leased w9)", rep.BurnedLeasedGrants)
 	}
 }
 

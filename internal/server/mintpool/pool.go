@@ -78,6 +78,10 @@ const (
 	openTimeout  = 10 * time.Second
 	openRetryMin = time.Second
 	openRetryMax = 30 * time.Second
+	// aheadSlack is how far past its lead bound an AppendN's last ID may
+	// be when the code's lead was not known before it (the batch's own
+	// span, up to 25 ms of a code, and the call's time).
+	aheadSlack = 100 * time.Millisecond
 )
 
 // ErrClosed is returned by every method after Close.
@@ -336,8 +340,19 @@ func (p *Pool) AppendNWithin(ctx context.Context, dst []snowflake.ID, n int, max
 		var err error
 		out, err = mb.m.AppendN(ctx, dst, n)
 		if k := len(out) - len(dst); k > 0 {
-			p.saw(mb, out[len(out)-1].Ms())
+			last := out[len(out)-1].Ms()
+			p.saw(mb, last)
 			p.demand.Add(int64(k))
+			// A code whose lead was not known yet (its first call: a
+			// restarted replica's first block lies at its restart floor)
+			// may have handed out IDs beyond the bound: they become a gap,
+			// never the caller's.
+			if bp := p.beyond(mb, maxLead+aheadSlack); bp != nil {
+				out = dst
+				p.behind.Store(true)
+				p.wake()
+				return false, fmt.Errorf("mintpool: the code is ahead of the clock beyond %v: %w", maxLead, bp)
+			}
 		}
 		return false, err
 	})

@@ -323,3 +323,29 @@ func TestPoolClientsInOrder(t *testing.T) {
 		t.Logf("%d runs, %d codes, lead now %v", len(runs), r.pool.Codes(), r.pool.Lead())
 	})
 }
+
+// A code whose first block lies far ahead of the clock (as a restarted
+// replica's first blocks lie at its restart floor) hands out nothing
+// beyond the lead, even on its first call, when the pool does not know its
+// lead yet: the IDs become a gap and the caller gets backpressure.
+func TestPoolFirstBlockBeyondTheLead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRegion(t, mintpool.Config{MaxCodes: 1})
+		// Code 0, the one the pool's minter takes, already granted 10 s
+		// ahead: its next block starts there.
+		r.svc.PutHighWater(0, (snowflake.MsSince(r.svc.Now())+10_000)<<snowflake.SequenceBits)
+		ids, err := r.pool.AppendN(context.Background(), nil, 100)
+		var bp *segment.Backpressure
+		if !errors.As(err, &bp) || len(ids) != 0 {
+			t.Fatalf("first AppendN on a code 10 s ahead: %d IDs, %v; want none and backpressure", len(ids), err)
+		}
+		// 10 s ahead when the mark was set, less the grant's own wait at
+		// the lead and the 1 s bound: several seconds.
+		if bp.RetryAfter < 5*time.Second {
+			t.Fatalf("retry after %v, want several seconds", bp.RetryAfter)
+		}
+		if _, err := r.pool.Carve(context.Background(), request(100)); !errors.As(err, &bp) {
+			t.Fatalf("carve on a code 10 s ahead: %v, want backpressure", err)
+		}
+	})
+}

@@ -173,8 +173,9 @@ type Replica struct {
 	srv      *grpc.Server
 	minter   *mintpool.Pool
 	ident    *identity
-	space    *etcdspace.Monitor   // nil when SpaceCheckInterval < 0
-	compact  *etcdspace.Compactor // nil when CompactionInterval == 0
+	marks    store.HighWaterWatcher // the etcd storage, watched for lowered marks
+	space    *etcdspace.Monitor     // nil when SpaceCheckInterval < 0
+	compact  *etcdspace.Compactor   // nil when CompactionInterval == 0
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -224,7 +225,7 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 			return nil, err
 		}
 	}
-	if r.store, err = openStore(cfg, r.metrics, r.ident); err != nil {
+	if r.store, r.marks, err = openStore(cfg, r.metrics, r.ident); err != nil {
 		return nil, errors.Wrap(err, "segment store")
 	}
 	r.metrics.SetStoreConfig(r.store.Config())
@@ -321,8 +322,10 @@ func (r *Replica) openSpace() error {
 	return nil
 }
 
-// openStore is the one place a replica's store.Store is constructed.
-func openStore(cfg ReplicaConfig, m *service.Metrics, id *identity) (*store.Store, error) {
+// openStore is the one place a replica's store.Store is constructed. It
+// also returns the etcd storage, whose high-water marks the replica
+// watches (Store.WatchHighWaters).
+func openStore(cfg ReplicaConfig, m *service.Metrics, id *identity) (*store.Store, store.HighWaterWatcher, error) {
 	sc := cfg.Store
 	sc.Now = cfg.Now
 	sc.Logger = cfg.Logger.With("component", "segment")
@@ -332,16 +335,17 @@ func openStore(cfg ReplicaConfig, m *service.Metrics, id *identity) (*store.Stor
 	}
 	stg, err := etcdstore.New(cfg.Etcd, etcdstore.Config{Prefix: cfg.Prefix, Logger: sc.Logger})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var bs store.BatchStorage = stg
 	if cfg.WrapStorage != nil {
 		bs = cfg.WrapStorage(bs)
 	}
-	if id == nil {
-		return store.New(bs, sc)
+	if id != nil {
+		bs = guardStorage{bs, id}
 	}
-	return store.New(guardStorage{bs, id}, sc)
+	st, err := store.New(bs, sc)
+	return st, stg, err
 }
 
 func (r *Replica) serviceConfig() service.Config {
@@ -420,6 +424,9 @@ func (r *Replica) Serve(lis net.Listener) <-chan error {
 		wg.Go(func() { r.ident.runRegistry(ctx) })
 	}
 	wg.Go(func() { r.svc.Run(ctx) })
+	// Every write of a mark is checked as it happens, so a lowering is
+	// noticed whatever the timing (docs/design.md, "Defense in depth").
+	wg.Go(func() { r.store.WatchHighWaters(ctx, r.cfg.Region, r.marks) })
 	if r.minter != nil {
 		wg.Go(func() { r.minter.Run(ctx) })
 	}

@@ -224,35 +224,50 @@ func TestMutualTLS(t *testing.T) {
 		if _, err := a.Allocate(ctx, la, 4096); err != nil {
 			t.Fatal(err)
 		}
-		// Identity first: B's refusals name the code and nothing about
+		// Identity first, and one answer (issue 35): whatever B names on
+		// A's code (the right lease, a guessed lease id, an older or newer
+		// token, a token above etcd's revision), it gets PermissionDenied
+		// with the same message, which names the code and nothing about
 		// A's lease (no token, revision or lease id: no digit after the
-		// code), and a guessed lease id gets the same answer as the
-		// right one, so B cannot tell whether its guess was right.
+		// code). So B cannot tell a right guess from a wrong one, nor learn
+		// the revision. A code nobody holds is answered the same way.
 		prefix := fmt.Sprintf("region 1 worker %d: ", la.Worker)
-		refused := func(what string, err error, want codes.Code) {
+		var first string
+		refused := func(what string, err error) {
 			t.Helper()
 			msg := status.Convert(err).Message()
-			if status.Code(err) != want || !strings.HasPrefix(msg, prefix) || strings.ContainsAny(msg[len(prefix):], "0123456789") {
-				t.Fatalf("%s: %v; want %v with a message %q... and no number after it", what, err, want, prefix)
+			if status.Code(err) != codes.PermissionDenied || !strings.HasPrefix(msg, prefix) || strings.ContainsAny(msg[len(prefix):], "0123456789") {
+				t.Fatalf("%s: %v; want PermissionDenied with a message %q... and no number after it", what, err, prefix)
+			}
+			if first == "" {
+				first = msg
+			} else if msg != first {
+				t.Fatalf("%s: message %q, another guess got %q: the answer tells guesses apart", what, msg, first)
 			}
 		}
-		guessed := la
-		guessed.LeaseID++
+		with := func(f func(*segment.Lease)) segment.Lease { l := la; f(&l); return l }
+		guesses := []segment.Lease{
+			la,
+			with(func(l *segment.Lease) { l.LeaseID++ }),
+			with(func(l *segment.Lease) { l.Token-- }),
+			with(func(l *segment.Lease) { l.Token++ }),
+			with(func(l *segment.Lease) { l.Token += 1 << 40 }), // above etcd's revision
+		}
 		replay := func() {
 			t.Helper()
-			for _, l := range []segment.Lease{la, guessed} {
+			for _, l := range guesses {
 				_, err := b.Renew(ctx, l)
-				refused("B renews A's lease", err, codes.PermissionDenied)
-				refused("B releases A's lease", b.Release(ctx, l), codes.PermissionDenied)
+				refused("B renews A's lease", err)
+				refused("B releases A's lease", b.Release(ctx, l))
 				_, err = b.Allocate(ctx, l, 4096)
-				refused("B allocates on A's lease", err, codes.PermissionDenied)
+				refused("B allocates on A's lease", err)
 			}
-			// A token that is not the live one is answered the same
-			// whoever asks: the named lease is not the code's.
-			stale := la
-			stale.Token--
-			_, err := b.Allocate(ctx, stale, 4096)
-			refused("B allocates with a stale token", err, codes.FailedPrecondition)
+			free := with(func(l *segment.Lease) { l.Worker = (la.Worker + 1) % 256 })
+			_, err := b.Allocate(ctx, free, 4096)
+			if want := fmt.Sprintf("region 1 worker %d: %s", free.Worker, first[len(prefix):]); status.Code(err) != codes.PermissionDenied ||
+				status.Convert(err).Message() != want {
+				t.Fatalf("B allocates on a code nobody holds: %v; want PermissionDenied %q", err, want)
+			}
 		}
 		// Quiet: B's calls write nothing to etcd.
 		rev := s.etcdRev(t)

@@ -2,10 +2,12 @@ package service
 
 import (
 	"context"
+	"net"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/tap"
 )
 
@@ -42,6 +44,11 @@ type ConnLimits struct {
 	// (grpc.MaxConcurrentStreams); a gRPC client queues further calls
 	// until a stream is free. Default DefaultMaxStreams.
 	MaxStreams uint32
+	// Established, if set, is told the remote address of a connection on
+	// which a call arrives (its headers, before any authentication): the
+	// listener's admission (internal/server/connlimit.Listener.Established)
+	// stops counting the connection as one that may be shed at the cap.
+	Established func(remote net.Addr)
 }
 
 func (l ConnLimits) withDefaults() ConnLimits {
@@ -63,9 +70,17 @@ func (l ConnLimits) withDefaults() ConnLimits {
 // waits for it forever, holding the stream and a goroutine: an InTapHandle
 // (which runs when the headers arrive) gives the stream a context that a
 // timer ends, and interceptors stop the timer once the message is in.
-func firstMessageOptions(d time.Duration) []grpc.ServerOption {
+//
+// The same hook tells l.Established that a call arrived on its connection.
+func firstMessageOptions(l ConnLimits) []grpc.ServerOption {
+	d := l.HandshakeTimeout
 	return []grpc.ServerOption{
 		grpc.InTapHandle(func(ctx context.Context, _ *tap.Info) (context.Context, error) {
+			if l.Established != nil {
+				if p, ok := peer.FromContext(ctx); ok {
+					l.Established(p.Addr)
+				}
+			}
 			return newFirstMessageCtx(ctx, d), nil
 		}),
 		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {

@@ -229,3 +229,30 @@ func TestServerOptionsMaxStreams(t *testing.T) {
 		t.Fatalf("a call after the streams were freed: %v", err)
 	}
 }
+
+// Established hears the remote address of a connection as soon as a call
+// arrives on it (before the handler runs), once per call, so the
+// listener's admission stops counting the connection as one it may shed.
+func TestServerOptionsEstablished(t *testing.T) {
+	heard := make(chan net.Addr, 8)
+	started := make(chan struct{}, 1)
+	cc := dialLimited(t, limitedServer(t, ConnLimits{Established: func(a net.Addr) { heard <- a }}, started))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if len(heard) != 0 {
+		t.Fatalf("Established heard %d connections before any call", len(heard))
+	}
+	done := make(chan error, 1)
+	go func() { done <- cc.Invoke(ctx, waitMethod, durationpb.New(time.Hour), new(emptypb.Empty)) }()
+	<-started
+	select {
+	case a := <-heard:
+		if h, _, err := net.SplitHostPort(a.String()); err != nil || h != "127.0.0.1" {
+			t.Fatalf("Established heard %v, want the client's loopback address", a)
+		}
+	default:
+		t.Fatal("the handler runs, but Established was not told of the connection")
+	}
+	cancel()
+	<-done
+}

@@ -722,5 +722,5 @@ func ServerOptions(l ConnLimits) []grpc.ServerOption {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second,
 			MaxConnectionIdle: l.IdleTimeout}),
-	}, firstMessageOptions(l.HandshakeTimeout)...)
+	}, firstMessageOptions(l)...)
 }

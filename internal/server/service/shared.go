@@ -40,6 +40,11 @@ const (
 	// sharedClientWindow is how long a client_id counts in
 	// shared_clients after its last grant.
 	sharedClientWindow = time.Minute
+	// sharedFarAhead: a carve refused for the lead with a longer wait
+	// than this is answered Unavailable, not backpressure, so the client
+	// asks another replica instead of waiting: the replica's codes are far
+	// ahead (its restart floor), not briefly at the bound.
+	sharedFarAhead = time.Second
 	// sharedCarveTimeout bounds the wait for the replica's minter (its
 	// first lease and block) within one AllocateShared call.
 	sharedCarveTimeout = 2 * time.Second
@@ -176,6 +181,13 @@ func (s *Service) allocateShared(ctx context.Context, req *idrangev1.AllocateSha
 		case errors.Is(err, carve.ErrNotCarver):
 			return nil, sharedNoMinter, status.Errorf(codes.Unimplemented, "AllocateShared: %v", err)
 		case errors.Is(err, segment.ErrBackpressure):
+			var bp *segment.Backpressure
+			if errors.As(err, &bp) && bp.RetryAfter > sharedFarAhead {
+				// The replica's codes are far ahead of the clock (a
+				// restarted replica's first blocks lie at its restart
+				// floor): another replica may serve at once.
+				return nil, sharedLead, status.Errorf(codes.Unavailable, "AllocateShared: this replica's codes are %v too far ahead of the clock; another replica may serve: %v", bp.RetryAfter, err)
+			}
 			// Every code of the replica is at its lead bound: the
 			// caller waits (ResourceExhausted with the retry delay).
 			return nil, sharedLead, errors.Wrap(err, "AllocateShared")

@@ -94,7 +94,8 @@ func (s *Store) allocate(ctx context.Context, l segment.Lease, n int) (segment.B
 			s.forget(l.Region, l.Worker)
 			return segment.Block{}, err
 		}
-		g, err := s.cfg.Policy.Plan(hwm, s.cfg.Now(), int64(n))
+		now := s.cfg.Now()
+		g, err := s.restartPolicy(now).Plan(max(hwm, s.startFloor), now, int64(n))
 		if err != nil {
 			s.remember(l.Region, l.Worker, v)
 			return segment.Block{}, errors.Newf("region %d worker %d: %w", l.Region, l.Worker, err)

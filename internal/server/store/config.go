@@ -53,6 +53,31 @@ type Config struct {
 	// ErrCodeCap. Callers without an identity are not capped. Default
 	// DefaultMaxCodesPerIdentity.
 	MaxCodesPerIdentity int
+	// RestartFloor makes the Store grant nothing below the floor it can
+	// prove when it starts, before it has read any mark: every block that
+	// any replica of the region granted before then ended at or below
+	// (StartedAt + Policy.MaxLead + MaxClockSkew), so a mark
+	// lowered while this replica was down (by hand, or a restore without
+	// the fence) cannot make it grant over one of them (floor.go,
+	// docs/design.md "A floor that survives restarts"). The price: for
+	// about MaxClockSkew plus a tenth of a request's span after StartedAt,
+	// a grant on a code whose mark is below the floor is backpressure, and
+	// until the clock reaches the floor (MaxLead later) grants carry a
+	// tenth of a request when that is what the lead leaves (floor.go).
+	// rangesvc serve sets it; default off (tests that freeze the clock at
+	// New).
+	RestartFloor bool
+	// StartedAt is when the replica started, on the service clock (Now):
+	// the restart floor covers the blocks granted before it. The earlier,
+	// the lower the floor (rangesvc serve passes the time it started,
+	// before its etcd was up). Default: Now at New.
+	StartedAt time.Time
+	// MaxClockSkew is the region's documented bound on how far the clocks
+	// of its replicas (and one replica's clock across a restart) may
+	// differ, 0..1h; only RestartFloor uses it. Every replica of a region
+	// must also run the same Policy.MaxLead (or this one the largest).
+	// Default 0.
+	MaxClockSkew time.Duration
 	// Logger receives warnings (corrupt values, failed clean-ups). Default:
 	// discard.
 	Logger *slog.Logger
@@ -101,6 +126,8 @@ func (c Config) Validate() error {
 		return errors.Newf("store OpTimeout %v is negative: %w", c.OpTimeout, segment.ErrInvalid)
 	case c.MaxConflicts < 1:
 		return errors.Newf("store MaxConflicts %d must be >= 1: %w", c.MaxConflicts, segment.ErrInvalid)
+	case c.MaxClockSkew < 0 || c.MaxClockSkew > time.Hour:
+		return errors.Newf("store MaxClockSkew %v not in 0..1h: %w", c.MaxClockSkew, segment.ErrInvalid)
 	case c.MaxCodesPerIdentity < 1 || c.MaxCodesPerIdentity > snowflake.MaxWorker+1:
 		return errors.Newf("store MaxCodesPerIdentity %d not in 1..%d: %w", c.MaxCodesPerIdentity, snowflake.MaxWorker+1, segment.ErrInvalid)
 	}

@@ -9,32 +9,48 @@ import (
 )
 
 // fence decides whether l owns its code in view v and the caller (identity)
-// may act on it: nil if so; otherwise ErrInvalid (a token never issued, or
-// a lease_id that is not the one the owner is attached to), ErrLeaseLost
-// (no owner: expired or released), ErrFenced (another token owns the code),
-// ErrCorrupt, or ErrPermissionDenied (the lease is bound to another
-// identity).
+// may act on it: nil if so; otherwise ErrPermissionDenied (the caller has
+// an identity, or the lease is bound to one, and the code's live lease is
+// not that identity's), ErrInvalid (a token never issued, or a lease_id that
+// is not the one the owner is attached to), ErrLeaseLost (no owner: expired
+// or released), ErrFenced (another token owns the code) or ErrCorrupt.
 //
-// Identity first. A caller names a lease by its code and token. When that
-// is not the code's live lease, the answer (ErrInvalid, ErrLeaseLost or
-// ErrFenced) is the same whoever asks and says nothing about the live
-// lease: no token, revision or lease id. When it is the live lease, the
-// caller's identity is checked before anything else about it is read or
-// revealed: a caller of another identity gets ErrPermissionDenied and a
-// message naming only the code, so a forged request learns neither the
-// lease id nor whether its guess of it was right. The details of a record
-// that does not decode go to the log, not to the caller.
+// Ownership first, and nothing else before it. Under mutual TLS a caller
+// that is not the identity holding the code's live lease gets one answer,
+// notOwner's, whatever it named: a right or wrong token, a right or wrong
+// lease id, a token above the store's revision, a free code or a code whose
+// owner record does not decode. So a second identity learns nothing by
+// guessing: not whether a token or lease id was right, not the store's
+// revision, not which codes are leased (issue 35). Only the identity that
+// holds the live lease is told why a lease it names is not usable (fenced,
+// never issued, wrong lease id): all of it is about its own lease. A
+// client whose lease is gone is answered as a stranger would be (the record
+// naming it is gone); rangeclient treats PermissionDenied on its lease as
+// fenced. Without identities (no mutual TLS: any caller may act on any
+// lease) the answers are the detailed ones, as there is nothing to hide.
+// The details of a record that does not decode go to the log, never to the
+// caller.
 //
-// The identity is checked against the owner record whose CreateRevision is
-// l.Token. That record is immutable: nothing rewrites an owner entry, and a
-// new owner is a new entry with a new CreateRevision. Every write that
-// follows a fence is conditional on that same token (the grant compares the
-// owner's CreateRevision and ModRevision, Release deletes only the entry
-// created at l.Token, Renew keeps alive only the lease that record is
-// attached to, which no other record can be), so no other owner can slip in
-// between the check and the act: there is no read-then-act race.
+// The identity is checked against the owner record of the code's live
+// lease, and every write that follows a fence is conditional on l.Token
+// being that lease's CreateRevision (the grant compares the owner's
+// CreateRevision and ModRevision, Release deletes only the entry created at
+// l.Token, Renew keeps alive only the lease that record is attached to,
+// which no other record can be). Owner records are immutable, so there is
+// no read-then-act race.
 func (s *Store) fence(l segment.Lease, v CodeView, identity string) error {
 	e := v.Owner
+	var rec OwnerRecord
+	var recErr error
+	if e != nil {
+		// checkRecord logs the details of a bad record (key, lease ids).
+		rec, recErr = s.checkRecord(e, l.Region, l.Worker)
+	}
+	if identity != "" || (e != nil && recErr == nil && rec.Identity != "") {
+		if e == nil || recErr != nil || rec.Identity != identity {
+			return notOwner(l)
+		}
+	}
 	switch {
 	case l.Token > v.Rev:
 		return errors.Newf("region %d worker %d: the token was never issued: %w", l.Region, l.Worker, segment.ErrInvalid)
@@ -43,20 +59,19 @@ func (s *Store) fence(l segment.Lease, v CodeView, identity string) error {
 			l.Region, l.Worker, segment.ErrLeaseLost)
 	case e.CreateRevision != l.Token:
 		return errors.Newf("region %d worker %d: %w", l.Region, l.Worker, segment.ErrFenced)
-	}
-	rec, err := s.checkRecord(e, l.Region, l.Worker)
-	if err != nil {
-		// checkRecord logged the details (key, lease ids).
+	case recErr != nil:
 		return errors.Newf("region %d worker %d: the owner record is invalid (details in the replica's log): %w",
 			l.Region, l.Worker, segment.ErrCorrupt)
-	}
-	if rec.Identity != identity {
-		return errors.Newf("region %d worker %d: %w", l.Region, l.Worker, segment.ErrPermissionDenied)
-	}
-	if e.Lease != l.LeaseID {
+	case e.Lease != l.LeaseID:
 		return errors.Newf("region %d worker %d: lease_id %x is not the code's lease: %w", l.Region, l.Worker, l.LeaseID, segment.ErrInvalid)
 	}
 	return nil
+}
+
+// notOwner is the one answer to a caller that does not hold the code's live
+// lease under identities: it names only the code the caller named.
+func notOwner(l segment.Lease) error {
+	return errors.Newf("region %d worker %d: %w", l.Region, l.Worker, segment.ErrPermissionDenied)
 }
 
 // Renew keeps l's storage lease alive once, after checking that l still

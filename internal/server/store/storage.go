@@ -145,3 +145,18 @@ type GrantResult struct {
 	OK    bool
 	Fresh CodeView
 }
+
+// HighWaterWatcher is an optional ability of a storage: a stream of every
+// change to a region's high-water entries, so that a Store checks each mark
+// when it is written (Store.WatchHighWaters), not only when it next reads
+// that code. etcdstore and memstore have it.
+type HighWaterWatcher interface {
+	// WatchHighWaters calls f for every write and every delete of a
+	// high-water entry of region made after revision after, in revision
+	// order (a delete has a nil Value and the delete's revision as
+	// ModRevision), until ctx ends (it then returns ctx's error) or the
+	// stream breaks: the history after `after` is compacted, the
+	// connection is lost. It then returns that error; the caller reads
+	// the region again and watches from there. f must not block for long.
+	WatchHighWaters(ctx context.Context, region int, after int64, f func(worker int, e Entry)) error
+}

@@ -53,6 +53,9 @@ type Store struct {
 	log *slog.Logger
 
 	batch *batcher // group commit; nil if the storage is no BatchStorage
+	// startFloor is the lowest L any grant of this Store starts at
+	// (Config.RestartFloor; 0: none). Fixed at New.
+	startFloor int64
 
 	mu     sync.Mutex
 	cache  map[[2]int]CodeView      // last view seen per (region, worker)
@@ -95,6 +98,16 @@ func New(storage Storage, cfg Config) (*Store, error) {
 	}
 	if bs, ok := storage.(BatchStorage); ok {
 		s.batch = newBatcher(bs, cfg.OpTimeout)
+	}
+	if cfg.RestartFloor {
+		started := cfg.StartedAt
+		if started.IsZero() {
+			started = cfg.Now()
+		}
+		s.startFloor = restartFloor(started, cfg.Policy.MaxLead, cfg.MaxClockSkew)
+		s.log.Info("restart floor: no grant below it on any code",
+			"floor", s.startFloor, "floor_time", snowflake.MsTime(s.startFloor>>snowflake.SequenceBits).UTC(),
+			"max_lead", cfg.Policy.MaxLead, "max_clock_skew", cfg.MaxClockSkew)
 	}
 	return s, nil
 }

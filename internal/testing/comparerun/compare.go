@@ -246,8 +246,10 @@ type Phase struct {
 // Dur is a time.Duration that marshals as text ("1.5s"); see measure.Dur.
 type Dur = measure.Dur
 
-// Err is nil when every strategy ran and verified; otherwise it names the
-// first that did not (wrapping ErrVerify for a failed check).
+// Err is nil when every strategy ran and verified at least one ID;
+// otherwise it names the first that did not (wrapping ErrVerify for a
+// failed check, and for a strategy that checked nothing: an empty check
+// proves nothing).
 func (r *Report) Err() error {
 	for _, res := range r.Results {
 		if res.Verify.Duplicates > 0 || res.Verify.OutOfRange > 0 || (res.TimeOrdered && res.Single.OrderViolations+res.Multi.OrderViolations > 0) {
@@ -257,6 +259,9 @@ func (r *Report) Err() error {
 		}
 		if res.Error != "" {
 			return errors.Newf("compare: strategy %s: %s", res.Name, res.Error)
+		}
+		if res.Verify.Checked == 0 {
+			return errors.Wrapf(ErrVerify, "strategy %s: no IDs checked (%d minted): %s", res.Name, res.Verify.Minted, res.Verify.Problem)
 		}
 	}
 	return nil
@@ -327,7 +332,12 @@ func runStrategy(ctx context.Context, cfg Config, s Strategy) Result {
 		fmt.Fprintf(cfg.Progress, "compare: %-16s failed to start: %v\n", res.Name, err)
 		return res
 	}
-	v := newVerifier(s)
+	v, err := newVerifier(s)
+	if err != nil {
+		res.Error = fmt.Sprintf("verifier: %v", err)
+		_ = inst.Close()
+		return res
+	}
 	keep := cfg.VerifyMax
 	var callErr error
 	for i, g := range []int{1, cfg.Goroutines} {
@@ -541,7 +551,7 @@ type verifier struct {
 	example    string                // the first of them
 }
 
-func newVerifier(s Strategy) *verifier {
+func newVerifier(s Strategy) (*verifier, error) {
 	now := time.Now()
 	v := &verifier{lo: now.Add(-time.Hour), hi: now.Add(time.Hour)} // a lead beyond MaxLead (15 s) is a bug
 	if d, ok := s.(TimeDecoder); ok {
@@ -551,8 +561,9 @@ func newVerifier(s Strategy) *verifier {
 	if v.timestamp != nil {
 		cfg = measure.CheckConfig{} // another layout: the checker's field checks do not apply
 	}
-	v.ids, _ = measure.NewChecker(cfg)
-	return v
+	var err error
+	v.ids, err = measure.NewChecker(cfg)
+	return v, err
 }
 
 // unixMs is the Unix millisecond an ID's timestamp names.
@@ -592,8 +603,8 @@ func (v *verifier) result(bits int) Verify {
 	}
 	r := v.ids.Check()
 	out.Checked, out.Duplicates, out.OutOfRange = r.Checked, r.Duplicates, r.OutOfRange+v.outOfRange
-	if err := r.Err(); err != nil && r.Checked > 0 {
-		out.Problem = err.Error()
+	if err := r.Err(); err != nil {
+		out.Problem = err.Error() // "no ids checked" too: Report.Err fails on it
 	}
 	if v.outOfRange > 0 {
 		out.Problem = strings.TrimPrefix(out.Problem+"; ", "; ") + fmt.Sprintf("%d IDs out of time range: %s", v.outOfRange, v.example)

@@ -194,6 +194,15 @@ func TestDuplicateIsCaught(t *testing.T) {
 	}
 }
 
+// A strategy that checked no ID fails the report: an empty check proves
+// nothing, whatever it minted.
+func TestNothingCheckedFails(t *testing.T) {
+	rep := &Report{Results: []Result{{Info: Info{Name: "silent"}, Verify: Verify{Minted: 10}}}}
+	if err := rep.Err(); !errors.Is(err, ErrVerify) || !strings.Contains(err.Error(), "strategy silent: no IDs checked (10 minted)") {
+		t.Fatalf("Err of a strategy that checked nothing: %v; want ErrVerify naming it", err)
+	}
+}
+
 func TestIDsBoundAndConfig(t *testing.T) {
 	rep, err := Run(context.Background(), Config{Strategies: []Strategy{Local(), UUIDv7()}, Duration: 10 * time.Second, IDs: 5000, Goroutines: 2})
 	if err != nil {

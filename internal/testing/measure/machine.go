@@ -10,8 +10,6 @@ import (
 	"os"
 	"runtime"
 	"strings"
-	"syscall"
-	"time"
 )
 
 // Machine is the part of the host that explains a throughput figure.
@@ -73,15 +71,4 @@ func loadAvg() string {
 		return "unknown"
 	}
 	return f[0]
-}
-
-// CPUTime is the CPU time (user + system) this process has used so far.
-// Differences of two readings over a wall-clock interval give the cores
-// used; 0 where getrusage is not available.
-func CPUTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

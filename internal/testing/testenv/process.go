@@ -21,6 +21,8 @@ import (
 
 	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/internal/server/embedetcd"
+	"github.com/idrange/idrange/internal/testing/measure"
+	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 	"github.com/idrange/idrange/tlsfiles"
 )
@@ -257,15 +259,27 @@ func (p *Process) Done() <-chan struct{} { return p.done }
 func (p *Process) ExitErr() error { return p.err }
 
 // Mint runs `rangesvc mint --target <this process> -n n` and returns the
-// IDs it printed, failing the test on a non-zero exit or a bad line.
+// IDs it printed, failing the test on a non-zero exit, a bad line, or IDs
+// that CheckIDs refuses (not n of them, not all distinct, of another
+// region, or dated outside the minting).
 func (p *Process) Mint(t testing.TB, region, n int) []snowflake.ID {
 	t.Helper()
 	return Mint(t, []string{p.GRPCAddr}, region, n)
 }
 
-// Mint runs `rangesvc mint` against targets and parses its stdout.
+// Mint runs `rangesvc mint` against targets and parses its stdout; it
+// checks the IDs as Process.Mint does.
 func Mint(t testing.TB, targets []string, region, n int) []snowflake.ID {
 	t.Helper()
+	return MintSkewed(t, targets, region, n, 0)
+}
+
+// MintSkewed is Mint for targets of which some run their service clock up
+// to clockBack late (the fault build's --fault-clock-offset): their IDs
+// may be dated that much earlier.
+func MintSkewed(t testing.TB, targets []string, region, n int, clockBack time.Duration) []snowflake.ID {
+	t.Helper()
+	start := time.Now().Add(-clockBack)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, Binary(t), "mint", "--target", strings.Join(targets, ","),
@@ -287,7 +301,36 @@ func Mint(t testing.TB, targets []string, region, n int) []snowflake.ID {
 		}
 		ids[i] = id
 	}
+	CheckIDs(t, ids, region, start)
 	return ids
+}
+
+// MaxBehind is the most an ID's timestamp may lag the moment it is handed
+// out (docs/design.md: a block is finished once the clock passes it, and a
+// shared run's IDs are handed out within 1 s of its first millisecond).
+const MaxBehind = time.Second
+
+// CheckIDs fails t unless ids are what a region's replicas may hand out
+// from start until now: at least one, all distinct, every one of region
+// (any worker), and dated from MaxBehind before start to the service's
+// default lead (segment.DefaultMaxLead) after now. It is the checker of
+// internal/testing/measure (CheckResult.Err names the offending IDs).
+// A test that moves a service clock back passes a start that much earlier.
+func CheckIDs(t testing.TB, ids []snowflake.ID, region int, start time.Time) {
+	t.Helper()
+	c, err := measure.NewChecker(measure.CheckConfig{
+		Expect:    measure.Codes([]int{region}, snowflake.MaxWorker+1),
+		NotBefore: start.Add(-MaxBehind),
+		NotAfter:  time.Now().Add(segment.DefaultMaxLead),
+		Capacity:  len(ids),
+	})
+	if err != nil {
+		t.Fatalf("testenv: CheckIDs(region %d): %v", region, err)
+	}
+	c.Add(ids...)
+	if err := c.Check().Err(); err != nil {
+		t.Fatalf("testenv: %d IDs minted in region %d since %s: %v", len(ids), region, start.Format(time.RFC3339Nano), err)
+	}
 }
 
 // Scrape fetches http://MetricsAddr/metrics.

@@ -6,6 +6,10 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/idrange/idrange/segment"
+	"github.com/idrange/idrange/snowflake"
 )
 
 func TestCI(t *testing.T) {
@@ -97,5 +101,54 @@ func TestLookToolFound(t *testing.T) {
 	})
 	if r.fatal != "" || r.skip != "" {
 		t.Errorf("go is on PATH, yet fatal %q, skip %q", r.fatal, r.skip)
+	}
+}
+
+// SkipUnderRace skips, with RaceSkipPrefix and the reason, exactly when the
+// race detector is on, in CI mode too (the test runs pinned without it).
+func TestSkipUnderRace(t *testing.T) {
+	t.Setenv("CI", "true")
+	ran := false
+	r := run(func(tb testing.TB) { SkipUnderRace(tb, "too slow"); ran = true })
+	if Race {
+		if r.skip != RaceSkipPrefix+"too slow" || ran {
+			t.Errorf("under -race: skip %q, went on %v; want a skip %q", r.skip, ran, RaceSkipPrefix+"too slow")
+		}
+		return
+	}
+	if r.skip != "" || r.fatal != "" || !ran {
+		t.Errorf("without -race: skip %q, fatal %q, went on %v; want nothing", r.skip, r.fatal, ran)
+	}
+}
+
+// CheckIDs passes distinct IDs of the region dated within the minting, and
+// fails, naming the problem, on none, a duplicate, another region, or a
+// timestamp before the start (less MaxBehind) or past the service's lead.
+func TestCheckIDs(t *testing.T) {
+	start := time.Now()
+	ms := snowflake.MsSince(start)
+	id := func(dms int64, region, seq int) snowflake.ID {
+		v, err := snowflake.Compose(ms+dms, region, 7, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	for _, tc := range []struct {
+		name string
+		ids  []snowflake.ID
+		want string // "" passes
+	}{
+		{"good", []snowflake.ID{id(0, 2, 0), id(0, 2, 1), id(-900, 2, 0), id(10_000, 2, 0)}, ""},
+		{"none", nil, "no ids checked"},
+		{"duplicate", []snowflake.ID{id(0, 2, 0), id(0, 2, 0)}, "duplicate"},
+		{"other region", []snowflake.ID{id(0, 2, 0), id(0, 1, 1)}, "code r1/w7 not expected"},
+		{"too old", []snowflake.ID{id(-1500, 2, 0)}, "before"},
+		{"too far ahead", []snowflake.ID{id(segment.DefaultMaxLead.Milliseconds()+5000, 2, 0)}, "after"},
+	} {
+		r := run(func(tb testing.TB) { CheckIDs(tb, tc.ids, 2, start) })
+		if (r.fatal == "") != (tc.want == "") || !strings.Contains(r.fatal, tc.want) {
+			t.Errorf("%s: fatal %q, want %q", tc.name, r.fatal, tc.want)
+		}
 	}
 }

@@ -1,13 +1,17 @@
 // Command testfilter reads `go test -json` on stdin and prints what a
 // person reading a CI log needs: each package's result line as it comes,
 // the full output of every failing test (its t.Errorf lines included), and
-// a closing list of the failures. It exits 1 when a test or a package
-// failed, and when a test named with -require did not run and pass: a
-// pinned `go test -run '^TestX$'` that matches nothing (the test was
-// renamed) says "ok [no tests to run]" and exits 0, which must not pass.
+// a closing list of the skipped tests with their reasons and of the
+// failures. It exits 1 when a test or a package failed, and when a test
+// named with -require did not run and pass: a pinned `go test -run
+// '^TestX$'` that matches nothing (the test was renamed) says "ok [no tests
+// to run]" and exits 0, which must not pass. It exits 1 too when a test
+// skipped under the race detector (testenv.SkipUnderRace) is not named
+// with -pinned: nothing would run it.
 //
 //	go test -json -run '^TestX$' ./pkg | testfilter -require TestX
 //	go test -json ./... | testfilter -show '^\s+FIGURES'
+//	go test -json -race ./... | testfilter -pinned TestX -pinned TestY
 //
 // scripts/test runs every go test through it.
 package main
@@ -35,13 +39,20 @@ func main() {
 		cfg.require = append(cfg.require, s)
 		return nil
 	})
+	flag.Func("pinned", "a top-level test `name` run elsewhere without -race (scripts/test's pins); repeatable", func(s string) error {
+		if s == "" || strings.ContainsAny(s, " \t\n/") {
+			return errors.Newf("want a top-level test name, got %q", s)
+		}
+		cfg.pinned = append(cfg.pinned, s)
+		return nil
+	})
 	flag.Func("show", "a `regexp`: the output lines of passing tests that match it are printed too (figures, progress)", func(s string) error {
 		re, err := regexp.Compile(s)
 		cfg.show = re
 		return err
 	})
 	flag.Usage = func() {
-		fmt.Fprintln(flag.CommandLine.Output(), "usage: go test -json ... | testfilter [-require TestName]... [-show regexp]")
+		fmt.Fprintln(flag.CommandLine.Output(), "usage: go test -json ... | testfilter [-require TestName]... [-pinned TestName]... [-show regexp]")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -58,8 +69,14 @@ func main() {
 // config is what the flags set.
 type config struct {
 	require []string       // tests that must run and pass
+	pinned  []string       // tests run elsewhere without -race: they may skip under it
 	show    *regexp.Regexp // extra lines to print from passing tests; nil: none
 }
+
+// raceSkipMarker is testenv.RaceSkipPrefix (TestRaceSkipMarker checks they
+// agree; importing testenv would link etcd into this tool): a skip whose
+// reason holds it is a test left to scripts/test's pinned runs.
+const raceSkipMarker = "skipped under -race, pinned in scripts/test to run without it: "
 
 // event is one line of `go test -json` (cmd/test2json's TestEvent, and the
 // build events `go test -json` adds).
@@ -89,6 +106,7 @@ type filter struct {
 	pkgs     map[string]*pkgState
 	order    []string // packages, first seen first
 	failures []string // "pkg TestX", "pkg (package)", "pkg (build)"
+	skips    []string // "pkg TestX: reason"
 	events   int
 }
 
@@ -154,6 +172,9 @@ func (f *filter) handle(e event) {
 			return
 		}
 		p.results[e.Test] = e.Action
+		if e.Action == "skip" {
+			f.skipped(e.Package, e.Test, p.reason(e.Test))
+		}
 		if e.Action == "skip" && slices.Contains(f.cfg.require, e.Test) {
 			fmt.Fprintf(f.out, "\n--- output of skipped pinned test %s %s:\n", e.Package, e.Test)
 			p.print(f.out, e.Test)
@@ -179,6 +200,33 @@ func (f *filter) handle(e event) {
 			p.print(f.out, "")
 		}
 	}
+}
+
+// skipped records a skip for the closing list, and fails a skip under the
+// race detector of a test that is not pinned.
+func (f *filter) skipped(pkg, test, reason string) {
+	if reason == "" {
+		reason = "(no reason given)"
+	}
+	f.skips = append(f.skips, pkg+" "+test+": "+reason)
+	top, _, _ := strings.Cut(test, "/")
+	if strings.Contains(reason, raceSkipMarker) && !slices.Contains(f.cfg.pinned, top) {
+		f.failures = append(f.failures, fmt.Sprintf("%s %s: skipped under -race, and not pinned: add it to the pins in scripts/test, or nothing runs it", pkg, test))
+	}
+}
+
+// reason is what a test said before it skipped: its own output lines,
+// without go test's === and --- lines, trimmed and joined.
+func (p *pkgState) reason(test string) string {
+	var out []string
+	for _, l := range p.lines {
+		s := strings.TrimSpace(l.text)
+		if l.test != test || s == "" || strings.HasPrefix(s, "=== ") || strings.HasPrefix(s, "--- ") {
+			continue
+		}
+		out = append(out, s)
+	}
+	return strings.Join(out, " ")
 }
 
 // exitStatus is the test binary's exit line, which go test -fuzz prints.
@@ -230,6 +278,12 @@ func (f *filter) finish() error {
 	for _, want := range f.cfg.require {
 		if r := f.result(want); r != "pass" {
 			f.failures = append(f.failures, fmt.Sprintf("%s: pinned test %s", want, describe(r)))
+		}
+	}
+	if len(f.skips) > 0 {
+		fmt.Fprintf(f.out, "\nskipped (%d):\n", len(f.skips))
+		for _, s := range f.skips {
+			fmt.Fprintln(f.out, "  "+s)
 		}
 	}
 	if len(f.failures) == 0 {

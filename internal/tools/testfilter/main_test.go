@@ -28,6 +28,9 @@ func TestSub(t *testing.T) {
 	t.Run("bad", func(t *testing.T) { t.Error("bad sub reason") })
 }
 func TestSkip(t *testing.T) { t.Skip("no tool here") }
+func TestRaceSkip(t *testing.T) {
+	t.Run("sub", func(t *testing.T) { t.Skip("` + raceSkipMarker + `too slow") })
+}
 `,
 	"broken/b.go":      "package broken\n\nfunc X() { y }\n",
 	"broken/b_test.go": "package broken\n\nimport \"testing\"\n\nfunc TestB(t *testing.T) {}\n",
@@ -87,10 +90,46 @@ func TestFailuresKeepTheirOutput(t *testing.T) {
 	if _, after, _ := strings.Cut(out, "--- output of failed example.com/sample TestFail:\n"); !strings.HasPrefix(after, "=== RUN   TestFail\n") {
 		t.Errorf("TestFail's output does not follow its heading:\n%s", out)
 	}
-	for _, unwanted := range []string{"chatter", "no tool here", "package failed outside a test", "not shown above"} {
+	for _, unwanted := range []string{"chatter", "package failed outside a test", "not shown above"} {
 		if strings.Contains(out, unwanted) {
 			t.Errorf("output has %q:\n%s", unwanted, out)
 		}
+	}
+}
+
+// Every skip is listed at the end with its reason (the test's own lines),
+// passing run or failing; a skip is no failure.
+func TestSkipReasonsListed(t *testing.T) {
+	for _, run := range []string{"^Test(Pass|Skip)$", "^Test(Fail|Skip)$"} {
+		out, err := filterOut(t, goTestJSON(t, "-run", run, "."), config{})
+		if (err != nil) != strings.Contains(run, "Fail") {
+			t.Errorf("-run %s: err %v", run, err)
+		}
+		if !strings.Contains(out, "\nskipped (1):\n  example.com/sample TestSkip: a_test.go:11: no tool here\n") {
+			t.Errorf("-run %s: the skip and its reason are not listed:\n%s", run, out)
+		}
+	}
+}
+
+// A test skipped under the race detector (testenv.SkipUnderRace's reason,
+// here in a subtest) fails the filter unless its top-level test is pinned:
+// nothing else would run it.
+func TestRaceSkipMustBePinned(t *testing.T) {
+	in := goTestJSON(t, "-run", "^TestRaceSkip$", ".")
+	out, err := filterOut(t, in, config{pinned: []string{"TestOther"}})
+	if err == nil || !strings.Contains(out, "example.com/sample TestRaceSkip/sub: skipped under -race, and not pinned") {
+		t.Errorf("an unpinned race skip: err %v, output:\n%s", err, out)
+	}
+	out, err = filterOut(t, in, config{pinned: []string{"TestOther", "TestRaceSkip"}})
+	if err != nil || !strings.Contains(out, "TestRaceSkip/sub: a_test.go:13: "+raceSkipMarker+"too slow") {
+		t.Errorf("a pinned race skip: err %v, output:\n%s", err, out)
+	}
+}
+
+// The marker the filter looks for is the one testenv.SkipUnderRace writes.
+func TestRaceSkipMarker(t *testing.T) {
+	if raceSkipMarker != testenv.RaceSkipPrefix {
+		t.Errorf("testfilter looks for %q, testenv.SkipUnderRace writes %q", raceSkipMarker, testenv.RaceSkipPrefix)
 	}
 }
 

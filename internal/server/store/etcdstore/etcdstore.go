@@ -159,6 +159,38 @@ func (s *Storage) Scan(ctx context.Context, region int) (store.RegionView, error
 	return v, nil
 }
 
+var _ store.HighWaterWatcher = (*Storage)(nil)
+
+// WatchHighWaters implements store.HighWaterWatcher with an etcd watch on
+// the region's high-water prefix from revision after+1 (requiring a
+// leader, so a member cut off from the cluster ends the watch rather than
+// going quiet).
+func (s *Storage) WatchHighWaters(ctx context.Context, region int, after int64, f func(worker int, e store.Entry)) error {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	hp := s.keys.hwmPrefix(region)
+	for resp := range s.cli.Watch(wctx, hp, clientv3.WithPrefix(), clientv3.WithRev(after+1)) {
+		if err := resp.Err(); err != nil {
+			return errors.Wrapf(err, "watch %s from revision %d", hp, after+1)
+		}
+		for _, ev := range resp.Events {
+			w, ok := workerOf(ev.Kv.Key, hp)
+			if !ok {
+				continue
+			}
+			e := *entry(ev.Kv)
+			if ev.Type == mvccpb.DELETE {
+				e.Value, e.CreateRevision = nil, 0
+			}
+			f(w, e)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return errors.Newf("watch %s: closed by the etcd client", hp)
+}
+
 // Code implements store.Storage: one Txn of three reads.
 func (s *Storage) Code(ctx context.Context, region, worker int) (store.CodeView, error) {
 	resp, err := s.cli.Txn(ctx).Then(s.codeOps(region, worker)...).Commit()

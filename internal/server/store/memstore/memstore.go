@@ -26,7 +26,23 @@ type Storage struct {
 	kvs       map[string]*store.Entry
 	leases    map[int64]*lease
 	nextLease int64
+
+	// The high-water history WatchHighWaters replays: the last
+	// maxWatchLog writes and deletes of high-water entries, and the
+	// revision below which the history is gone (as etcd's compaction).
+	hwmLog    []hwmEvent
+	compacted int64
+	changed   chan struct{} // closed and replaced at every event
 }
+
+// hwmEvent is one write or delete (Value nil) of a high-water entry.
+type hwmEvent struct {
+	region, worker int
+	e              store.Entry
+}
+
+// maxWatchLog bounds the high-water history a Storage keeps for watchers.
+const maxWatchLog = 4096
 
 type lease struct {
 	ttl     time.Duration
@@ -34,7 +50,10 @@ type lease struct {
 	keys    map[string]bool
 }
 
-var _ store.BatchStorage = (*Storage)(nil)
+var (
+	_ store.BatchStorage     = (*Storage)(nil)
+	_ store.HighWaterWatcher = (*Storage)(nil)
+)
 
 // MaxBatch is the most grants one CommitHighWaters accepts: etcdstore's
 // bound, so the Store forms the same batches over both.
@@ -42,7 +61,7 @@ const MaxBatch = 12
 
 // New returns an empty Storage.
 func New() *Storage {
-	return &Storage{kvs: map[string]*store.Entry{}, leases: map[int64]*lease{}, nextLease: 0x1000}
+	return &Storage{kvs: map[string]*store.Entry{}, leases: map[int64]*lease{}, nextLease: 0x1000, changed: make(chan struct{})}
 }
 
 // Key layout, as etcd's without a prefix.
@@ -103,6 +122,58 @@ func (s *Storage) putLocked(key string, value []byte, leaseID int64) {
 	e.Lease = leaseID
 	if leaseID != 0 {
 		s.leases[leaseID].keys[key] = true
+	}
+	s.noteLocked(key, e)
+}
+
+// noteLocked records a write (or, with a nil Value, a delete) of key for
+// the watchers, if key is a high-water entry.
+func (s *Storage) noteLocked(key string, e *store.Entry) {
+	var region, worker int
+	if n, err := fmt.Sscanf(key, "r%d/hwm/%03d", &region, &worker); n != 2 || err != nil || key != HighWaterKey(region, worker) {
+		return
+	}
+	ev := hwmEvent{region: region, worker: worker, e: *e}
+	ev.e.Value = append([]byte(nil), e.Value...)
+	if e.Value == nil {
+		ev.e.Value = nil
+	}
+	if len(s.hwmLog) == maxWatchLog {
+		s.compacted = s.hwmLog[0].e.ModRevision
+		s.hwmLog = append(s.hwmLog[:0], s.hwmLog[1:]...)
+	}
+	s.hwmLog = append(s.hwmLog, ev)
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// WatchHighWaters implements store.HighWaterWatcher over the Storage's
+// recent high-water history (the last 4,096 changes; a watch from before
+// them fails, as a watch from a compacted revision fails on etcd).
+func (s *Storage) WatchHighWaters(ctx context.Context, region int, after int64, f func(worker int, e store.Entry)) error {
+	for {
+		s.mu.Lock()
+		if after < s.compacted {
+			s.mu.Unlock()
+			return errors.Newf("memstore: watch from revision %d: history compacted up to %d", after+1, s.compacted)
+		}
+		var evs []hwmEvent
+		for _, ev := range s.hwmLog {
+			if ev.e.ModRevision > after && ev.region == region {
+				evs = append(evs, ev)
+			}
+		}
+		after = s.rev
+		changed := s.changed
+		s.mu.Unlock()
+		for _, ev := range evs {
+			f(ev.worker, ev.e)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		}
 	}
 }
 
@@ -181,6 +252,7 @@ func (s *Storage) Delete(key string) {
 	if l := s.leases[e.Lease]; l != nil {
 		delete(l.keys, key)
 	}
+	s.noteLocked(key, &store.Entry{Key: key, ModRevision: s.rev})
 }
 
 // Leases is the number of live leases.

@@ -333,7 +333,8 @@ func testBatchOneCompareFails(t *testing.T, be Backend) {
 	stg := be.Storage(t)
 	bs, ok := stg.(store.BatchStorage)
 	if !ok {
-		t.Skip("storage has no group commit")
+		t.Fatalf("storage %T has no group commit (store.BatchStorage), which this case is about; "+
+			"a backend without it must not run it", stg)
 	}
 	st := NewStore(t, stg, store.Config{})
 	ctx := Ctx(t)

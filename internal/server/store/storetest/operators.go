@@ -254,6 +254,92 @@ func testIdentityBinding(t *testing.T, be Backend) {
 	}
 }
 
+// testIdentityNoOracle (issue 35): an identity that does not hold a lease
+// gets one answer for every call that names it, ErrPermissionDenied with
+// the same message, whatever it guessed: the right token and lease id, a
+// wrong token below or above the store's revision, a wrong lease id, a
+// released lease, a code nobody holds. So it learns neither whether a guess
+// was right, nor the store's revision, nor which codes are leased. The
+// identity that holds the live lease is still told what is wrong with a
+// lease it names.
+func testIdentityNoOracle(t *testing.T, be Backend) {
+	st := NewStore(t, be.Storage(t), store.Config{})
+	ctx := Ctx(t)
+	ctxA := authz.WithIdentity(ctx, "cn:a")
+	ctxB := authz.WithIdentity(ctx, "cn:b")
+	gone, err := st.Acquire(ctxA, 1, "a, released") // first: la's token has older ones below it
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Release(ctxA, gone); err != nil {
+		t.Fatal(err)
+	}
+	la, err := st.Acquire(ctxA, 1, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Allocate(ctxA, la, 4096); err != nil {
+		t.Fatal(err)
+	}
+	with := func(l segment.Lease, f func(*segment.Lease)) segment.Lease { f(&l); return l }
+	guesses := map[string]segment.Lease{
+		"the right lease":               la,
+		"an older token":                with(la, func(l *segment.Lease) { l.Token-- }),
+		"a newer token":                 with(la, func(l *segment.Lease) { l.Token++ }),
+		"a token never issued":          with(la, func(l *segment.Lease) { l.Token += 1 << 40 }),
+		"a wrong lease id":              with(la, func(l *segment.Lease) { l.LeaseID++ }),
+		"the right token, lease id + 1": with(la, func(l *segment.Lease) { l.LeaseID += 1 << 20 }),
+	}
+	other := NewStore(t, be.Storage(t), store.Config{}) // a second replica, cold cache
+	answers := map[string]string{}                      // message -> the first guess that got it
+	ask := func(s *store.Store, what string, l segment.Lease) {
+		t.Helper()
+		_, rerr := s.Renew(ctxB, l)
+		_, aerr := s.Allocate(ctxB, l, 4096)
+		lerr := s.Release(ctxB, l)
+		for op, err := range map[string]error{"Renew": rerr, "Allocate": aerr, "Release": lerr} {
+			if !errors.Is(err, segment.ErrPermissionDenied) {
+				t.Errorf("B's %s with %s: %v, want ErrPermissionDenied", op, what, err)
+				continue
+			}
+			want := fmt.Sprintf("region %d worker %d: %v", l.Region, l.Worker, segment.ErrPermissionDenied)
+			if err.Error() != want {
+				t.Errorf("B's %s with %s: message %q, want %q (the code and nothing else)", op, what, err, want)
+			}
+			if l.Worker == la.Worker {
+				if first, ok := answers[err.Error()]; ok && len(answers) > 1 {
+					t.Errorf("B's %s with %s: a second message (the first was for %s)", op, what, first)
+				}
+				answers[err.Error()] = what
+			}
+		}
+	}
+	for _, s := range []*store.Store{st, other} {
+		for what, l := range guesses {
+			ask(s, what, l)
+		}
+		ask(s, "A's released lease", gone)
+		free := with(la, func(l *segment.Lease) { l.Worker = (la.Worker + 7) % 256 })
+		if free.Worker == gone.Worker {
+			free.Worker = (free.Worker + 1) % 256
+		}
+		ask(s, "a code nobody holds", free)
+	}
+	if len(answers) != 1 {
+		t.Errorf("B got %d different messages for A's code, want 1: %v", len(answers), answers)
+	}
+	// A, which holds the lease, is told what is wrong with what it named.
+	if _, err := st.Allocate(ctxA, with(la, func(l *segment.Lease) { l.Token-- }), 4096); !errors.Is(err, segment.ErrFenced) {
+		t.Errorf("A with an older token: %v, want ErrFenced", err)
+	}
+	if _, err := st.Renew(ctxA, with(la, func(l *segment.Lease) { l.LeaseID++ })); !errors.Is(err, segment.ErrInvalid) {
+		t.Errorf("A with a wrong lease id: %v, want ErrInvalid", err)
+	}
+	if _, err := st.Renew(ctxA, la); err != nil {
+		t.Fatalf("A's own lease after B's guesses: %v", err)
+	}
+}
+
 // testIdentityCap: an identity holding MaxCodesPerIdentity codes is refused
 // the next with ErrCodeCap naming the cap, without leaking a storage lease;
 // other identities, and callers without one, still get codes; a released

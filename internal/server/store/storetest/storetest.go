@@ -114,11 +114,14 @@ func Run(t *testing.T, open func(t *testing.T) Backend) {
 		{"ConcurrentCodesNeverOverlap", testConcurrentCodesNeverOverlap},
 		{"SnapshotAndFence", testSnapshotAndFence},
 		{"IdentityBindsTheLease", testIdentityBinding},
+		{"IdentityNoOracle", testIdentityNoOracle},
 		{"IdentityCap", testIdentityCap},
 		{"IdentityCapUnderConcurrency", testIdentityCapConcurrent},
 		{"HighWaterRegressedStopsTheCode", testHighWaterRegressed},
 		{"FailedCommitDoesNotRaiseTheFloor", testFailedCommitFloor},
 		{"ConcurrentReadsNoFalseRegression", testNoFalseRegression},
+		{"RestartFloor", testRestartFloor},
+		{"WatchSeesALowering", testWatchSeesALowering},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
