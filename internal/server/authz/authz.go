@@ -43,10 +43,10 @@ package authz
 import (
 	"context"
 	"crypto/x509"
+	"fmt"
 	"path"
 	"strings"
 
-	"github.com/cockroachdb/errors"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -140,12 +140,12 @@ func ParsePatterns(flag string, list []string) ([]Pattern, error) {
 		kind, glob, ok := strings.Cut(s, ":")
 		switch {
 		case !ok || (kind != KindURI && kind != KindDNS && kind != KindCN):
-			return nil, errors.Newf("%s: pattern %q: want cn:<name>, dns:<name> or uri:<name> (names may use * ? [...] globs)", flag, s)
+			return nil, fmt.Errorf("%s: pattern %q: want cn:<name>, dns:<name> or uri:<name> (names may use * ? [...] globs)", flag, s)
 		case glob == "":
-			return nil, errors.Newf("%s: pattern %q has an empty name", flag, s)
+			return nil, fmt.Errorf("%s: pattern %q has an empty name", flag, s)
 		}
 		if _, err := path.Match(glob, ""); err != nil {
-			return nil, errors.Newf("%s: pattern %q: %v", flag, s, err)
+			return nil, fmt.Errorf("%s: pattern %q: %v", flag, s, err)
 		}
 		out = append(out, Pattern{kind: kind, glob: glob})
 	}

@@ -2,10 +2,11 @@ package authz
 
 import (
 	"context"
+	"fmt"
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/cockroachdb/errors"
+	"errors"
 )
 
 // identityKey is the context key of the caller identity.
@@ -34,13 +35,13 @@ const MaxIdentityLen = 1024
 func ValidateIdentity(id string) error {
 	switch {
 	case len(id) > MaxIdentityLen:
-		return errors.Newf("identity is %d bytes, more than %d", len(id), MaxIdentityLen)
+		return fmt.Errorf("identity is %d bytes, more than %d", len(id), MaxIdentityLen)
 	case !utf8.ValidString(id):
 		return errors.New("identity is not valid UTF-8")
 	}
 	for _, r := range id {
 		if !unicode.IsPrint(r) {
-			return errors.Newf("identity contains the non-printable character %U", r)
+			return fmt.Errorf("identity contains the non-printable character %U", r)
 		}
 	}
 	return nil

@@ -2,9 +2,9 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"time"
 
-	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -43,7 +43,7 @@ func (s *Store) acquire(ctx context.Context, region int, owner string) (segment.
 	}
 	identity := authz.IdentityFrom(ctx)
 	if err := authz.ValidateIdentity(identity); err != nil {
-		return segment.Lease{}, errors.Newf("%v: %w", err, segment.ErrInvalid)
+		return segment.Lease{}, fmt.Errorf("%v: %w", err, segment.ErrInvalid)
 	}
 	if identity != "" {
 		// Refuse early, without a lease, when the cap is already reached.
@@ -77,7 +77,7 @@ func (s *Store) acquire(ctx context.Context, region int, owner string) (segment.
 			return segment.Lease{}, err
 		}
 		if len(free.hwmRev) == 0 {
-			return segment.Lease{}, errors.Newf("region %d: all %d codes leased (%d unusable: corrupt high-water mark; %d: high-water mark went back): %w",
+			return segment.Lease{}, fmt.Errorf("region %d: all %d codes leased (%d unusable: corrupt high-water mark; %d: high-water mark went back): %w",
 				region, snowflake.MaxWorker+1, free.corrupt, free.regressed, segment.ErrNoFreeCode)
 		}
 		start := s.cfg.FirstCode(region) & snowflake.MaxWorker
@@ -113,7 +113,7 @@ func (s *Store) acquire(ctx context.Context, region int, owner string) (segment.
 			return segment.Lease{Region: region, Worker: w, Token: token, LeaseID: leaseID, TTL: ttl}, nil
 		}
 	}
-	return segment.Lease{}, errors.Newf("region %d: every free code was taken by a concurrent acquire: %w", region, segment.ErrNoFreeCode)
+	return segment.Lease{}, fmt.Errorf("region %d: every free code was taken by a concurrent acquire: %w", region, segment.ErrNoFreeCode)
 }
 
 // keepUnderCap decides, after Acquire created the owner entry of token for
@@ -149,7 +149,7 @@ func (s *Store) keepUnderCap(ctx context.Context, region int, identity string, t
 }
 
 func (s *Store) capErr(region int, identity string, held int) error {
-	return errors.Newf("region %d: identity %q holds %d codes; the cap is %d (--max-codes-per-identity): %w",
+	return fmt.Errorf("region %d: identity %q holds %d codes; the cap is %d (--max-codes-per-identity): %w",
 		region, identity, held, s.cfg.MaxCodesPerIdentity, segment.ErrCodeCap)
 }
 

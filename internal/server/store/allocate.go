@@ -2,10 +2,11 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"time"
 
-	"github.com/cockroachdb/errors"
+	"errors"
 
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/segment"
@@ -40,7 +41,7 @@ func (s *Store) allocate(ctx context.Context, l segment.Lease, n int) (segment.B
 		return segment.Block{}, err
 	}
 	if n < 1 || int64(n) > s.cfg.Policy.MaxBlock {
-		return segment.Block{}, errors.Newf("count %d not in 1..%d: %w", n, s.cfg.Policy.MaxBlock, segment.ErrInvalid)
+		return segment.Block{}, fmt.Errorf("count %d not in 1..%d: %w", n, s.cfg.Policy.MaxBlock, segment.ErrInvalid)
 	}
 	done, err := s.takeTurn(ctx, l.Region, l.Worker)
 	if err != nil {
@@ -79,7 +80,7 @@ func (s *Store) allocate(ctx context.Context, l segment.Lease, n int) (segment.B
 			h, err := DecodeHighWater(v.HighWater.Value)
 			if err != nil {
 				s.forget(l.Region, l.Worker)
-				err = errors.Newf("key %s: %w", v.HighWater.Key, err)
+				err = fmt.Errorf("key %s: %w", v.HighWater.Key, err)
 				s.reportCorrupt(v.HighWater.Key, err)
 				return segment.Block{}, err
 			}
@@ -98,7 +99,7 @@ func (s *Store) allocate(ctx context.Context, l segment.Lease, n int) (segment.B
 		g, err := s.restartPolicy(now).Plan(max(hwm, s.startFloor), now, int64(n))
 		if err != nil {
 			s.remember(l.Region, l.Worker, v)
-			return segment.Block{}, errors.Newf("region %d worker %d: %w", l.Region, l.Worker, err)
+			return segment.Block{}, fmt.Errorf("region %d worker %d: %w", l.Region, l.Worker, err)
 		}
 		signal := conflicts >= contentionAfter
 		value := []byte(EncodeHighWater(g.Hi))
@@ -142,7 +143,7 @@ func (s *Store) allocate(ctx context.Context, l segment.Lease, n int) (segment.B
 		conflicts++
 		s.obs.Conflict(l.Region, l.Worker)
 		if conflicts >= s.cfg.MaxConflicts {
-			return segment.Block{}, errors.Newf("allocate region %d worker %d: lost %d races on the high-water mark: %w",
+			return segment.Block{}, fmt.Errorf("allocate region %d worker %d: lost %d races on the high-water mark: %w",
 				l.Region, l.Worker, conflicts, segment.ErrUnavailable)
 		}
 		if sameEntry(prev.HighWater, v.HighWater) && sameEntry(prev.Owner, v.Owner) {

@@ -2,10 +2,9 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
-
-	"github.com/cockroachdb/errors"
 )
 
 // batcher is the Store's group commit over a BatchStorage: grant commits
@@ -158,7 +157,7 @@ func (b *batcher) send(batch []*pendingCommit) {
 	res, err := b.stg.CommitHighWaters(ctx, ops)
 	cancel()
 	if err == nil && len(res) != len(ops) {
-		err = errors.Newf("storage returned %d results for a batch of %d grants", len(res), len(ops))
+		err = fmt.Errorf("storage returned %d results for a batch of %d grants", len(res), len(ops))
 	}
 	for i, p := range live {
 		if err != nil {

@@ -1,11 +1,11 @@
 package store
 
 import (
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"time"
 
-	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -119,17 +119,17 @@ func (c Config) Validate() error {
 	c = c.withDefaults()
 	switch {
 	case c.LeaseTTL < time.Second || c.LeaseTTL > time.Hour:
-		return errors.Newf("store LeaseTTL %v not in 1s..1h: %w", c.LeaseTTL, segment.ErrInvalid)
+		return fmt.Errorf("store LeaseTTL %v not in 1s..1h: %w", c.LeaseTTL, segment.ErrInvalid)
 	case c.LeaseTTL%time.Second != 0:
-		return errors.Newf("store LeaseTTL %v is not whole seconds (etcd leases are in seconds): %w", c.LeaseTTL, segment.ErrInvalid)
+		return fmt.Errorf("store LeaseTTL %v is not whole seconds (etcd leases are in seconds): %w", c.LeaseTTL, segment.ErrInvalid)
 	case c.OpTimeout < 0:
-		return errors.Newf("store OpTimeout %v is negative: %w", c.OpTimeout, segment.ErrInvalid)
+		return fmt.Errorf("store OpTimeout %v is negative: %w", c.OpTimeout, segment.ErrInvalid)
 	case c.MaxConflicts < 1:
-		return errors.Newf("store MaxConflicts %d must be >= 1: %w", c.MaxConflicts, segment.ErrInvalid)
+		return fmt.Errorf("store MaxConflicts %d must be >= 1: %w", c.MaxConflicts, segment.ErrInvalid)
 	case c.MaxClockSkew < 0 || c.MaxClockSkew > time.Hour:
-		return errors.Newf("store MaxClockSkew %v not in 0..1h: %w", c.MaxClockSkew, segment.ErrInvalid)
+		return fmt.Errorf("store MaxClockSkew %v not in 0..1h: %w", c.MaxClockSkew, segment.ErrInvalid)
 	case c.MaxCodesPerIdentity < 1 || c.MaxCodesPerIdentity > snowflake.MaxWorker+1:
-		return errors.Newf("store MaxCodesPerIdentity %d not in 1..%d: %w", c.MaxCodesPerIdentity, snowflake.MaxWorker+1, segment.ErrInvalid)
+		return fmt.Errorf("store MaxCodesPerIdentity %d not in 1..%d: %w", c.MaxCodesPerIdentity, snowflake.MaxWorker+1, segment.ErrInvalid)
 	}
 	return c.Policy.Validate()
 }

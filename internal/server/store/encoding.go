@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
@@ -31,19 +30,19 @@ func EncodeHighWater(hwm int64) string {
 func DecodeHighWater(b []byte) (int64, error) {
 	s, ok := strings.CutPrefix(string(b), hwmPrefix)
 	if !ok {
-		return 0, errors.Newf("high-water mark %q: not a %q value: %w", clip(b), hwmPrefix, segment.ErrCorrupt)
+		return 0, fmt.Errorf("high-water mark %q: not a %q value: %w", clip(b), hwmPrefix, segment.ErrCorrupt)
 	}
 	if s == "" || len(s) > 19 || (len(s) > 1 && s[0] == '0') {
-		return 0, errors.Newf("high-water mark %q: not a canonical decimal: %w", clip(b), segment.ErrCorrupt)
+		return 0, fmt.Errorf("high-water mark %q: not a canonical decimal: %w", clip(b), segment.ErrCorrupt)
 	}
 	for i := 0; i < len(s); i++ {
 		if s[i] < '0' || s[i] > '9' {
-			return 0, errors.Newf("high-water mark %q: not a canonical decimal: %w", clip(b), segment.ErrCorrupt)
+			return 0, fmt.Errorf("high-water mark %q: not a canonical decimal: %w", clip(b), segment.ErrCorrupt)
 		}
 	}
 	v, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || v > segment.EndL {
-		return 0, errors.Newf("high-water mark %q: not in 0..%d: %w", clip(b), segment.EndL, segment.ErrCorrupt)
+		return 0, fmt.Errorf("high-water mark %q: not in 0..%d: %w", clip(b), segment.EndL, segment.ErrCorrupt)
 	}
 	return v, nil
 }
@@ -101,31 +100,31 @@ func DecodeOwnerRecord(b []byte) (OwnerRecord, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&r); err != nil {
-		return OwnerRecord{}, errors.Newf("owner record %q: %v: %w", clip(b), err, segment.ErrCorrupt)
+		return OwnerRecord{}, fmt.Errorf("owner record %q: %v: %w", clip(b), err, segment.ErrCorrupt)
 	}
 	if r.Encode() != string(b) {
-		return OwnerRecord{}, errors.Newf("owner record %q: not in canonical form: %w", clip(b), segment.ErrCorrupt)
+		return OwnerRecord{}, fmt.Errorf("owner record %q: not in canonical form: %w", clip(b), segment.ErrCorrupt)
 	}
 	switch {
 	case r.Version != ownerRecordVersion && r.Version != ownerRecordIdentityVersion:
-		return OwnerRecord{}, errors.Newf("owner record %q: version %d, want %d or %d: %w",
+		return OwnerRecord{}, fmt.Errorf("owner record %q: version %d, want %d or %d: %w",
 			clip(b), r.Version, ownerRecordVersion, ownerRecordIdentityVersion, segment.ErrCorrupt)
 	case r.Version != recordVersion(r.Identity):
-		return OwnerRecord{}, errors.Newf("owner record %q: version %d with identity %q: %w", clip(b), r.Version, r.Identity, segment.ErrCorrupt)
+		return OwnerRecord{}, fmt.Errorf("owner record %q: version %d with identity %q: %w", clip(b), r.Version, r.Identity, segment.ErrCorrupt)
 	case r.Region < 0 || r.Region > snowflake.MaxRegion:
-		return OwnerRecord{}, errors.Newf("owner record %q: region %d out of range: %w", clip(b), r.Region, segment.ErrCorrupt)
+		return OwnerRecord{}, fmt.Errorf("owner record %q: region %d out of range: %w", clip(b), r.Region, segment.ErrCorrupt)
 	case r.Worker < 0 || r.Worker > snowflake.MaxWorker:
-		return OwnerRecord{}, errors.Newf("owner record %q: worker %d out of range: %w", clip(b), r.Worker, segment.ErrCorrupt)
+		return OwnerRecord{}, fmt.Errorf("owner record %q: worker %d out of range: %w", clip(b), r.Worker, segment.ErrCorrupt)
 	case r.LeaseID == 0:
-		return OwnerRecord{}, errors.Newf("owner record %q: no lease id: %w", clip(b), segment.ErrCorrupt)
+		return OwnerRecord{}, fmt.Errorf("owner record %q: no lease id: %w", clip(b), segment.ErrCorrupt)
 	case r.AcquiredUnixMs <= 0:
-		return OwnerRecord{}, errors.Newf("owner record %q: acquired time %d: %w", clip(b), r.AcquiredUnixMs, segment.ErrCorrupt)
+		return OwnerRecord{}, fmt.Errorf("owner record %q: acquired time %d: %w", clip(b), r.AcquiredUnixMs, segment.ErrCorrupt)
 	}
 	if err := segment.ValidateOwner(r.Owner); err != nil {
-		return OwnerRecord{}, errors.Newf("owner record %q: %v: %w", clip(b), err, segment.ErrCorrupt)
+		return OwnerRecord{}, fmt.Errorf("owner record %q: %v: %w", clip(b), err, segment.ErrCorrupt)
 	}
 	if err := authz.ValidateIdentity(r.Identity); err != nil {
-		return OwnerRecord{}, errors.Newf("owner record %q: %v: %w", clip(b), err, segment.ErrCorrupt)
+		return OwnerRecord{}, fmt.Errorf("owner record %q: %v: %w", clip(b), err, segment.ErrCorrupt)
 	}
 	return r, nil
 }

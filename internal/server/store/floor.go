@@ -2,9 +2,9 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"time"
 
-	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -172,7 +172,7 @@ func regressedErr(region, worker int, floor, hwm int64, key string) error {
 	if key == "" {
 		where = "no key: deleted, read as 0"
 	}
-	return errors.Newf("region %d worker %d: stored high-water mark %d (%s) is below %d, which this replica "+
+	return fmt.Errorf("region %d worker %d: stored high-water mark %d (%s) is below %d, which this replica "+
 		"already committed or read: the store went back (restored without a restore fence, or written by hand); "+
 		"no grant on this code until it is lifted again (rangesvc admin restore-fence): %w",
 		region, worker, hwm, where, floor, segment.ErrHighWaterRegressed)
@@ -272,7 +272,7 @@ func (s *Store) seeWatched(region, worker int, last *int64, e Entry) {
 	if e.Value != nil {
 		h, err := DecodeHighWater(e.Value)
 		if err != nil {
-			s.reportCorrupt(e.Key, errors.Newf("key %s: %w", e.Key, err))
+			s.reportCorrupt(e.Key, fmt.Errorf("key %s: %w", e.Key, err))
 			return
 		}
 		hwm, key = h, e.Key

@@ -2,8 +2,8 @@ package store
 
 import (
 	"context"
+	"fmt"
 
-	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/internal/server/authz"
 	"github.com/idrange/idrange/segment"
 )
@@ -53,17 +53,17 @@ func (s *Store) fence(l segment.Lease, v CodeView, identity string) error {
 	}
 	switch {
 	case l.Token > v.Rev:
-		return errors.Newf("region %d worker %d: the token was never issued: %w", l.Region, l.Worker, segment.ErrInvalid)
+		return fmt.Errorf("region %d worker %d: the token was never issued: %w", l.Region, l.Worker, segment.ErrInvalid)
 	case e == nil:
-		return errors.Newf("region %d worker %d: the lease is gone (expired or released): %w",
+		return fmt.Errorf("region %d worker %d: the lease is gone (expired or released): %w",
 			l.Region, l.Worker, segment.ErrLeaseLost)
 	case e.CreateRevision != l.Token:
-		return errors.Newf("region %d worker %d: %w", l.Region, l.Worker, segment.ErrFenced)
+		return fmt.Errorf("region %d worker %d: %w", l.Region, l.Worker, segment.ErrFenced)
 	case recErr != nil:
-		return errors.Newf("region %d worker %d: the owner record is invalid (details in the replica's log): %w",
+		return fmt.Errorf("region %d worker %d: the owner record is invalid (details in the replica's log): %w",
 			l.Region, l.Worker, segment.ErrCorrupt)
 	case e.Lease != l.LeaseID:
-		return errors.Newf("region %d worker %d: lease_id %x is not the code's lease: %w", l.Region, l.Worker, l.LeaseID, segment.ErrInvalid)
+		return fmt.Errorf("region %d worker %d: lease_id %x is not the code's lease: %w", l.Region, l.Worker, l.LeaseID, segment.ErrInvalid)
 	}
 	return nil
 }
@@ -71,7 +71,7 @@ func (s *Store) fence(l segment.Lease, v CodeView, identity string) error {
 // notOwner is the one answer to a caller that does not hold the code's live
 // lease under identities: it names only the code the caller named.
 func notOwner(l segment.Lease) error {
-	return errors.Newf("region %d worker %d: %w", l.Region, l.Worker, segment.ErrPermissionDenied)
+	return fmt.Errorf("region %d worker %d: %w", l.Region, l.Worker, segment.ErrPermissionDenied)
 }
 
 // Renew keeps l's storage lease alive once, after checking that l still
@@ -103,7 +103,7 @@ func (s *Store) renew(ctx context.Context, l segment.Lease) (segment.Lease, erro
 	case err != nil:
 		return segment.Lease{}, Unavailable(err, "renew region %d worker %d", l.Region, l.Worker)
 	case ttl <= 0:
-		return segment.Lease{}, errors.Newf("region %d worker %d: lease %x expired: %w", l.Region, l.Worker, l.LeaseID, segment.ErrLeaseLost)
+		return segment.Lease{}, fmt.Errorf("region %d worker %d: lease %x expired: %w", l.Region, l.Worker, l.LeaseID, segment.ErrLeaseLost)
 	}
 	l.TTL = ttl
 	return l, nil
@@ -145,7 +145,7 @@ func (s *Store) release(ctx context.Context, l segment.Lease) error {
 		if err := s.fence(l, fresh, identity); err != nil {
 			return err
 		}
-		return errors.Newf("release region %d worker %d: lease changed concurrently: %w", l.Region, l.Worker, segment.ErrFenced)
+		return fmt.Errorf("release region %d worker %d: lease changed concurrently: %w", l.Region, l.Worker, segment.ErrFenced)
 	}
 	s.revoke(ctx, l.LeaseID)
 	return nil

@@ -2,9 +2,9 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"time"
 
-	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -66,7 +66,7 @@ func (s *Store) Snapshot(ctx context.Context, region int) (RegionSnapshot, error
 		if ok {
 			var err error
 			if hwm, err = DecodeHighWater(h.Value); err != nil {
-				err = errors.Newf("key %s: %w", h.Key, err)
+				err = fmt.Errorf("key %s: %w", h.Key, err)
 				s.reportCorrupt(h.Key, err)
 				snap.Corrupt[w] = err
 				continue
@@ -110,9 +110,9 @@ func (s *Store) Fence(ctx context.Context, region, worker int, token int64) (Lea
 	}
 	switch {
 	case worker < 0 || worker > snowflake.MaxWorker:
-		return LeaseInfo{}, errors.Newf("worker %d not in 0..%d: %w", worker, snowflake.MaxWorker, segment.ErrInvalid)
+		return LeaseInfo{}, fmt.Errorf("worker %d not in 0..%d: %w", worker, snowflake.MaxWorker, segment.ErrInvalid)
 	case token < 0:
-		return LeaseInfo{}, errors.Newf("token %d is negative: %w", token, segment.ErrInvalid)
+		return LeaseInfo{}, fmt.Errorf("token %d is negative: %w", token, segment.ErrInvalid)
 	}
 	v, err := s.read(ctx, region, worker)
 	if err != nil {
@@ -121,9 +121,9 @@ func (s *Store) Fence(ctx context.Context, region, worker int, token int64) (Lea
 	e := v.Owner
 	switch {
 	case e == nil:
-		return LeaseInfo{}, errors.Newf("fence region %d worker %d: the code has no owner: %w", region, worker, segment.ErrLeaseLost)
+		return LeaseInfo{}, fmt.Errorf("fence region %d worker %d: the code has no owner: %w", region, worker, segment.ErrLeaseLost)
 	case token != 0 && e.CreateRevision != token:
-		return LeaseInfo{}, errors.Newf("fence region %d worker %d: the code is owned by token %d, not %d; nothing fenced: %w",
+		return LeaseInfo{}, fmt.Errorf("fence region %d worker %d: the code is owned by token %d, not %d; nothing fenced: %w",
 			region, worker, e.CreateRevision, token, segment.ErrFenced)
 	}
 	info := s.leaseInfo(e, region, worker)
@@ -136,10 +136,10 @@ func (s *Store) Fence(ctx context.Context, region, worker int, token int64) (Lea
 	}
 	if !ok {
 		if fresh.Owner == nil {
-			return LeaseInfo{}, errors.Newf("fence region %d worker %d: token %d went away meanwhile: %w",
+			return LeaseInfo{}, fmt.Errorf("fence region %d worker %d: token %d went away meanwhile: %w",
 				region, worker, e.CreateRevision, segment.ErrLeaseLost)
 		}
-		return LeaseInfo{}, errors.Newf("fence region %d worker %d: token %d was replaced by token %d meanwhile; nothing fenced: %w",
+		return LeaseInfo{}, fmt.Errorf("fence region %d worker %d: token %d was replaced by token %d meanwhile; nothing fenced: %w",
 			region, worker, e.CreateRevision, fresh.Owner.CreateRevision, segment.ErrFenced)
 	}
 	if e.Lease > 0 {
@@ -205,13 +205,13 @@ func (s *Store) leaseInfo(e *Entry, region, worker int) LeaseInfo {
 func (s *Store) checkRecord(e *Entry, region, worker int) (OwnerRecord, error) {
 	rec, err := DecodeOwnerRecord(e.Value)
 	if err == nil && (rec.Region != region || rec.Worker != worker) {
-		err = errors.Newf("owner record names region %d worker %d: %w", rec.Region, rec.Worker, segment.ErrCorrupt)
+		err = fmt.Errorf("owner record names region %d worker %d: %w", rec.Region, rec.Worker, segment.ErrCorrupt)
 	}
 	if err == nil && rec.LeaseID != e.Lease {
-		err = errors.Newf("owner record names lease %x but the entry is attached to %x: %w", rec.LeaseID, e.Lease, segment.ErrCorrupt)
+		err = fmt.Errorf("owner record names lease %x but the entry is attached to %x: %w", rec.LeaseID, e.Lease, segment.ErrCorrupt)
 	}
 	if err != nil {
-		err = errors.Newf("key %s: %w", e.Key, err)
+		err = fmt.Errorf("key %s: %w", e.Key, err)
 		s.reportCorrupt(e.Key, err)
 	}
 	return rec, err
@@ -225,7 +225,7 @@ func (s *Store) HighWater(ctx context.Context, region, worker int) (int64, error
 		return 0, err
 	}
 	if worker < 0 || worker > snowflake.MaxWorker {
-		return 0, errors.Newf("worker %d not in 0..%d: %w", worker, snowflake.MaxWorker, segment.ErrInvalid)
+		return 0, fmt.Errorf("worker %d not in 0..%d: %w", worker, snowflake.MaxWorker, segment.ErrInvalid)
 	}
 	floor := s.floorOf(region, worker)
 	octx, cancel := s.opCtx(ctx)
@@ -239,7 +239,7 @@ func (s *Store) HighWater(ctx context.Context, region, worker int) (int64, error
 	if v.HighWater != nil {
 		key = v.HighWater.Key
 		if hwm, err = DecodeHighWater(v.HighWater.Value); err != nil {
-			return 0, errors.Newf("key %s: %w", key, err)
+			return 0, fmt.Errorf("key %s: %w", key, err)
 		}
 	}
 	if err := s.seeHighWater(region, worker, floor, hwm, key); err != nil {

@@ -2,10 +2,10 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 
-	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/segment"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -81,7 +81,7 @@ var _ segment.Allocator = (*Store)(nil)
 // New validates cfg and returns a Store over storage.
 func New(storage Storage, cfg Config) (*Store, error) {
 	if storage == nil {
-		return nil, errors.Newf("store: nil storage: %w", segment.ErrInvalid)
+		return nil, fmt.Errorf("store: nil storage: %w", segment.ErrInvalid)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -134,7 +134,7 @@ func (s *Store) opCtx(ctx context.Context) (context.Context, context.CancelFunc)
 
 func validRegion(region int) error {
 	if region < 0 || region > snowflake.MaxRegion {
-		return errors.Newf("region %d not in 0..%d: %w", region, snowflake.MaxRegion, segment.ErrInvalid)
+		return fmt.Errorf("region %d not in 0..%d: %w", region, snowflake.MaxRegion, segment.ErrInvalid)
 	}
 	return nil
 }

@@ -34,10 +34,14 @@ var rules = []rule{
 	{pkg: "snowflake", stdlibOnly: true},
 	{pkg: "tlsfiles", stdlibOnly: true},
 	{pkg: "publicid", stdlibOnly: true},
-	{pkg: "rangeclient", forbidden: []string{
-		"go.etcd.io/", "go.uber.org/zap", "github.com/getsentry/", "github.com/gogo/", "github.com/cockroachdb/",
-		prometheusServer,
-	}},
+	{pkg: "rangeclient", forbidden: clientForbidden},
+	// The test double users link into their tests: the same limits as the
+	// client, and no server part beyond the grant loop and its in-memory
+	// storage.
+	{pkg: "rangeclient/rangeclienttest", forbidden: clientForbidden},
+	// The engine behind rangeclient: the client's limits, and nothing of
+	// the server's group.
+	{pkg: "internal/client/engine", forbidden: append([]string{module + "/internal/server/"}, clientForbidden...)},
 	{pkg: "segment", forbidden: []string{"go.etcd.io/", "github.com/cockroachdb/"}},
 	// The binaries: Prometheus's server module is required only for the
 	// PromQL parser in internal/tools/monitorcheck's tests.
@@ -48,6 +52,14 @@ var rules = []rule{
 	{pkg: "cmd/rangesvc", tags: "idrange_faults", forbidden: append([]string{prometheusServer}, notInServer...),
 		allow: []string{module + "/internal/testing/fakeclock"}},
 	{pkg: "cmd/rangesvc-bench", forbidden: []string{prometheusServer}},
+}
+
+// clientForbidden is what a program that links the client (or its test
+// double) must not link: etcd, zap, sentry, gogo, cockroachdb (errors and
+// its dependencies) and Prometheus's server.
+var clientForbidden = []string{
+	"go.etcd.io/", "go.uber.org/zap", "github.com/getsentry/", "github.com/gogo/", "github.com/cockroachdb/",
+	prometheusServer,
 }
 
 // notInServer is what the server binary must not link: the testing

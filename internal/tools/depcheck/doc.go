@@ -1,7 +1,11 @@
 // Package depcheck holds no code: its test guards the dependency sets of the
 // public libraries (docs/design.md, "Dependencies"). A user who imports
 // rangeclient gets gRPC, protobuf and the Prometheus client, and nothing of
-// etcd, zap, sentry, gogo or cockroachdb; snowflake is standard library
+// etcd, zap, sentry, gogo or cockroachdb, and the same holds for its test
+// double rangeclient/rangeclienttest (the grant loop and its in-memory
+// storage run on the standard library's errors) and for the client engine
+// under rangeclient, which also imports nothing of internal/server/;
+// snowflake is standard library
 // only, like the generators it is compared with, and so is publicid (the
 // public-ID tokens); the segment domain package
 // has no etcd and no cockroachdb; neither rangeclient nor the binaries link

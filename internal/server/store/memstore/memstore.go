@@ -13,7 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cockroachdb/errors"
 	"github.com/idrange/idrange/internal/server/store"
 	"github.com/idrange/idrange/snowflake"
 )
@@ -155,7 +154,7 @@ func (s *Storage) WatchHighWaters(ctx context.Context, region int, after int64, 
 		s.mu.Lock()
 		if after < s.compacted {
 			s.mu.Unlock()
-			return errors.Newf("memstore: watch from revision %d: history compacted up to %d", after+1, s.compacted)
+			return fmt.Errorf("memstore: watch from revision %d: history compacted up to %d", after+1, s.compacted)
 		}
 		var evs []hwmEvent
 		for _, ev := range s.hwmLog {
@@ -229,7 +228,7 @@ func (s *Storage) Put(key string, value []byte, lease int64) error {
 	defer s.mu.Unlock()
 	s.expireLocked()
 	if lease != 0 && s.leases[lease] == nil {
-		return errors.Newf("memstore: lease %x not found", lease)
+		return fmt.Errorf("memstore: lease %x not found", lease)
 	}
 	s.rev++
 	s.putLocked(key, value, lease)
@@ -336,7 +335,7 @@ func (s *Storage) CreateOwner(ctx context.Context, region, worker int, highWater
 		return 0, false, nil
 	}
 	if s.leases[leaseID] == nil {
-		return 0, false, errors.Newf("memstore: lease %x not found", leaseID)
+		return 0, false, fmt.Errorf("memstore: lease %x not found", leaseID)
 	}
 	s.rev++
 	s.putLocked(lk, value, leaseID)
@@ -372,7 +371,7 @@ func (s *Storage) MaxBatch() int { return MaxBatch }
 // nested transactions would.
 func (s *Storage) CommitHighWaters(ctx context.Context, ops []store.GrantOp) ([]store.GrantResult, error) {
 	if len(ops) > MaxBatch {
-		return nil, errors.Newf("memstore: batch of %d grants, more than %d", len(ops), MaxBatch)
+		return nil, fmt.Errorf("memstore: batch of %d grants, more than %d", len(ops), MaxBatch)
 	}
 	if err := s.begin(ctx); err != nil {
 		return nil, err
@@ -382,7 +381,7 @@ func (s *Storage) CommitHighWaters(ctx context.Context, ops []store.GrantOp) ([]
 	for _, op := range ops {
 		k := [2]int{op.Region, op.Worker}
 		if seen[k] {
-			return nil, errors.Newf("memstore: two grants for region %d worker %d in one batch", op.Region, op.Worker)
+			return nil, fmt.Errorf("memstore: two grants for region %d worker %d in one batch", op.Region, op.Worker)
 		}
 		seen[k] = true
 	}
