@@ -239,10 +239,11 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 				// loop, without any caller), so it is taken without one.
 				return open(authz.WithIdentity(ctx, ""), st, region)
 			},
-			MaxCodes: cfg.SharedCodes,
-			Keep:     cfg.SharedRate >= 0,
-			Now:      cfg.Now,
-			Logger:   cfg.Logger,
+			MaxCodes:  cfg.SharedCodes,
+			Keep:      cfg.SharedRate >= 0,
+			Now:       cfg.Now,
+			NotBefore: st.RestartFloor(),
+			Logger:    cfg.Logger,
 		})
 		if err != nil {
 			return nil, err
