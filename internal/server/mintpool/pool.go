@@ -116,6 +116,11 @@ type Config struct {
 	// Now is the service clock, which stamps the minters' IDs. Default
 	// time.Now.
 	Now func() time.Time
+	// NotBefore is the replica's restart floor (store.Store.RestartFloor;
+	// zero: none): no block it grants starts before it, so until the
+	// clock gets there every code's IDs are dated at or after it, and the
+	// lead bound counts from it rather than from the clock.
+	NotBefore time.Time
 	// Logger receives a line per code taken or given back; nil discards.
 	Logger *slog.Logger
 }
@@ -213,7 +218,7 @@ func (p *Pool) lead(at time.Time) time.Duration {
 	if len(ms) == 0 {
 		return 0
 	}
-	now := snowflake.MsSince(at)
+	now := p.base(at)
 	m, _ := pick(ms, now, p.rr.Load())
 	return time.Duration(max(m.aheadMs.Load()-now, 0)) * time.Millisecond
 }
@@ -223,6 +228,17 @@ func (p *Pool) Rate() float64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.rate
+}
+
+// base is the millisecond leads are counted from at instant at: the
+// clock's, or the restart floor's while the clock is below it (the codes
+// cannot be behind it).
+func (p *Pool) base(at time.Time) int64 {
+	now := snowflake.MsSince(at)
+	if !p.cfg.NotBefore.IsZero() {
+		now = max(now, snowflake.MsSince(p.cfg.NotBefore))
+	}
+	return now
 }
 
 // pick is the member with the least lead at now, scanning from start (the
@@ -362,7 +378,7 @@ func (p *Pool) AppendNWithin(ctx context.Context, dst []snowflake.ID, n int, max
 // beyond is the backpressure for mb when its lead is beyond maxLead, else
 // nil.
 func (p *Pool) beyond(mb *member, maxLead time.Duration) *segment.Backpressure {
-	lead := time.Duration(mb.aheadMs.Load()-snowflake.MsSince(p.cfg.Now())) * time.Millisecond
+	lead := time.Duration(mb.aheadMs.Load()-p.base(p.cfg.Now())) * time.Millisecond
 	if lead <= maxLead {
 		return nil
 	}
@@ -375,7 +391,10 @@ func (p *Pool) beyond(mb *member, maxLead time.Duration) *segment.Backpressure {
 // (r.MaxLead is lowered to it). When every code is beyond the lead, the
 // error is a *segment.Backpressure with the shortest wait.
 func (p *Pool) Carve(ctx context.Context, r carve.Request) (segment.Block, error) {
-	r.MaxLead = min(r.MaxLead, p.cfg.MaxLead)
+	// The engine counts the lead from the clock: until the clock reaches
+	// the restart floor, the bound counts from the floor.
+	now := p.cfg.Now()
+	r.MaxLead = min(r.MaxLead, p.cfg.MaxLead) + max(p.cfg.NotBefore.Sub(now), 0).Truncate(time.Millisecond)
 	var (
 		run     segment.Block
 		wait    *segment.Backpressure
@@ -428,7 +447,7 @@ func (p *Pool) saw(mb *member, ms int64) {
 			break
 		}
 	}
-	if time.Duration(ms-snowflake.MsSince(p.cfg.Now()))*time.Millisecond > p.cfg.MaxLead/growLeadDiv {
+	if time.Duration(ms-p.base(p.cfg.Now()))*time.Millisecond > p.cfg.MaxLead/growLeadDiv {
 		p.wake()
 	}
 }

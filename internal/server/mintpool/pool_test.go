@@ -33,7 +33,13 @@ type region struct {
 
 func newRegion(t *testing.T, cfg mintpool.Config) *region {
 	t.Helper()
-	r := &region{svc: rangeclienttest.New(rangeclienttest.Options{Region: 1, Start: bubbleStart, TTL: 10 * time.Second})}
+	return newRegionOn(t, rangeclienttest.New(rangeclienttest.Options{Region: 1, Start: bubbleStart, TTL: 10 * time.Second}), cfg)
+}
+
+// newRegionOn is newRegion over svc.
+func newRegionOn(t *testing.T, svc *rangeclienttest.Service, cfg mintpool.Config) *region {
+	t.Helper()
+	r := &region{svc: svc}
 	cfg.Now = r.svc.Now
 	cfg.Open = func(ctx context.Context) (mintpool.Minter, error) {
 		if r.fail.Load() > 0 {
@@ -346,6 +352,39 @@ func TestPoolFirstBlockBeyondTheLead(t *testing.T) {
 		}
 		if _, err := r.pool.Carve(context.Background(), request(100)); !errors.As(err, &bp) {
 			t.Fatalf("carve on a code 10 s ahead: %v, want backpressure", err)
+		}
+	})
+}
+
+// Until the clock reaches the replica's restart floor (Config.NotBefore),
+// every block starts at or after it, so the lead bound counts from the
+// floor: MintBatch and carves are served with IDs from the floor on,
+// within the bound past it.
+func TestPoolRestartFloor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc := rangeclienttest.New(rangeclienttest.Options{Region: 1, Start: bubbleStart, TTL: 10 * time.Second})
+		floor := svc.Now().Add(10 * time.Second).Truncate(time.Millisecond)
+		// The store's floor: every code's next block starts there.
+		svc.PutHighWater(0, snowflake.MsSince(floor)<<snowflake.SequenceBits)
+		r := newRegionOn(t, svc, mintpool.Config{MaxCodes: 1, NotBefore: floor})
+		ids, err := r.pool.AppendN(context.Background(), nil, 100)
+		if err != nil || len(ids) != 100 {
+			t.Fatalf("AppendN below the restart floor: %d IDs, %v", len(ids), err)
+		}
+		for _, id := range ids {
+			if id.Time().Before(floor) || id.Time().After(floor.Add(time.Second)) {
+				t.Fatalf("ID %d dated %v, want within [floor %v, floor + 1 s]", id, id.Time(), floor)
+			}
+		}
+		b, err := r.pool.Carve(context.Background(), request(100))
+		if err != nil {
+			t.Fatalf("carve below the restart floor: %v", err)
+		}
+		if at := snowflake.MsTime(b.Lo >> snowflake.SequenceBits); at.Before(floor) || at.After(floor.Add(time.Second)) {
+			t.Fatalf("run dated %v, want within [floor %v, floor + 1 s]", at, floor)
+		}
+		if lead := r.pool.Lead(); lead > time.Second {
+			t.Fatalf("Lead %v counted from the clock, want from the floor", lead)
 		}
 	})
 }

@@ -242,10 +242,11 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 				}
 				return mintpool.Carving(m), nil
 			},
-			MaxCodes: cfg.SharedCodes,
-			Keep:     cfg.SharedRate >= 0,
-			Now:      cfg.Now,
-			Logger:   cfg.Logger,
+			MaxCodes:  cfg.SharedCodes,
+			Keep:      cfg.SharedRate >= 0,
+			Now:       cfg.Now,
+			NotBefore: st.RestartFloor(),
+			Logger:    cfg.Logger,
 		})
 		if err != nil {
 			return nil, err

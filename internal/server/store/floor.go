@@ -76,6 +76,16 @@ func (s *Store) restartPolicy(now time.Time) segment.Policy {
 	return p
 }
 
+// RestartFloor is the service time below which the Store grants nothing
+// since its start (Config.RestartFloor): every ID it grants until its
+// clock gets there is dated at or after it. Zero without a restart floor.
+func (s *Store) RestartFloor() time.Time {
+	if s.startFloor == 0 {
+		return time.Time{}
+	}
+	return snowflake.MsTime(s.startFloor >> snowflake.SequenceBits)
+}
+
 // restartFloor is the restart floor (as L) of a Store started at now.
 func restartFloor(now time.Time, maxLead, skew time.Duration) int64 {
 	ms := snowflake.MsSince(now) + maxLead.Milliseconds() + (skew + time.Millisecond - 1).Milliseconds() + 1
