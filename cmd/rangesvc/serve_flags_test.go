@@ -93,9 +93,17 @@ func TestServeFlagsDefaults(t *testing.T) {
 		c.MaxClockSkew != defaultMaxClockSkew {
 		t.Fatalf("defaults = %+v", c)
 	}
-	// The restart floor is always on; --max-clock-skew sizes it.
-	if sc := c.storeConfig(); !sc.RestartFloor || sc.MaxClockSkew != defaultMaxClockSkew || sc.Policy.MaxLead != c.MaxLead {
-		t.Fatalf("store config %+v: want the restart floor with --max-clock-skew and --max-lead", sc)
+	// The restart floor is on with an external etcd, which --max-clock-skew
+	// sizes, and off on the embedded one (down whenever the replica is).
+	if sc := c.storeConfig(); sc.RestartFloor {
+		t.Fatalf("store config %+v: a restart floor on the embedded etcd", sc)
+	}
+	ext, err := parseServeFlags([]string{"--region", "2", "--etcd", "etcd-1:2379", "--insecure"}, &strings.Builder{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc := ext.storeConfig(); !sc.RestartFloor || sc.MaxClockSkew != defaultMaxClockSkew || sc.Policy.MaxLead != ext.MaxLead {
+		t.Fatalf("store config %+v with --etcd: want the restart floor with --max-clock-skew and --max-lead", sc)
 	}
 	// --shared-rate 0 turns the shared path off (a negative service rate).
 	if c, err := parseServeFlags([]string{"--region", "2", "--shared-rate", "0"}, &strings.Builder{}); err != nil || c.sharedRate() >= 0 {
