@@ -51,7 +51,7 @@
 //	TestReplicasStoppedClientsFailClosed        both replicas SIGSTOPped: clients fail closed by their deadline, then recover
 //	TestReplicaEtcdPartition                    blackhole one replica's etcd traffic, then both, then heal
 //	TestOneReplicaCutOffStarvesNoClient         one replica cut off: every client keeps minting
-//	TestSlowEtcd                                +100 ms then +600 ms each way to etcd, then back
+//	TestSlowEtcd                                +100 ms then +300 ms each way to etcd (grants burned, allocations failing, minting from the reserve), then back
 //	TestSlowEtcdShortBlocksStillMint            +100 ms with 100 ms blocks: clients still mint
 //	TestCorruptEtcdValuesStopTheCode            corrupt HWM and lease record: the code stops, never resets
 //	TestMutualTLSIntruderAndReplicaKill         over mutual TLS: another identity replays a lease (refused), kill -9 a replica

@@ -52,6 +52,7 @@ type options struct {
 	batch    int           // IDs per call (default 40)
 	refill   time.Duration // minter --refill-interval (0: rangeclient's default, 1 s)
 	leaseTTL time.Duration // rangesvc --lease-ttl (default 4 s)
+	maxLead  time.Duration // rangesvc --max-lead (0: its default, 15 s)
 	margin   time.Duration // minter --safety-margin (default 1 s)
 	// clientDefaults runs the minters' clients on rangeclient's defaults:
 	// no --safety-margin or --refill-interval is passed (margin and refill
@@ -317,6 +318,9 @@ func (s *suite) addReplica(name string) *replica {
 		// The checker replays every HWM value from etcd's history after the
 		// run: keep it (a soak scenario outlasts the default retention).
 		"--compaction-interval", "0"}
+	if s.opt.maxLead > 0 {
+		args = append(args, "--max-lead", s.opt.maxLead.String())
+	}
 	args = append(args, s.pki.replicaArgs()...)
 	r.p = newProc(s.t, name, s.b.rangesvc, args, nil, s.dir, rangesvcReadyRE)
 	r.p.start()
