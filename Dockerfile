@@ -8,7 +8,7 @@
 # push the OCI layout (-oci DIR) with skopeo or crane. The two give the same
 # image layout; a test (internal/tools/mkimage TestDockerfileMatches) keeps
 # this file in step with the builder.
-# docs/operations.md, "Container image and Kubernetes".
+# docs/operations/deploy.md, "Container image and Kubernetes".
 
 FROM golang:1.26 AS build
 WORKDIR /src

@@ -19,7 +19,7 @@ import (
 
 // admissionBound is how long a new client may wait, under a flood of
 // flood sockets that never start a call and reconnect as soon as they are
-// shed, before its connection is admitted and safe (docs/operations.md,
+// shed, before its connection is admitted and safe (docs/operations/probes-and-limits.md,
 // "Connection limits and timeouts"): at most flood - perListener flood
 // connections wait in the listen backlog ahead of it, the listener admits
 // perListener of them per shedAfter (a flood connection is shed once it

@@ -28,7 +28,7 @@ import (
 	"github.com/idrange/idrange/internal/tools/promrule"
 )
 
-// The Kubernetes manifests of deploy/kubernetes (docs/operations.md,
+// The Kubernetes manifests of deploy/kubernetes (docs/operations/deploy.md,
 // "Container image and Kubernetes") are decoded strictly into the API types
 // (k8s.io/api; an unknown or duplicate field fails), the rangesvc container's
 // arguments and its ConfigMap's --config file run through serve's own flag

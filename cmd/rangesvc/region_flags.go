@@ -16,7 +16,7 @@ import (
 	"github.com/idrange/idrange/tlsfiles"
 )
 
-// regionFlags are serve's region identity flags (docs/operations.md,
+// regionFlags are serve's region identity flags (docs/operations/region-identity.md,
 // "Region identity, registry, backup and restore").
 type regionFlags struct {
 	// InitRegion (--init-region) lets this replica write the region record

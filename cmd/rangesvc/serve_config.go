@@ -145,7 +145,7 @@ type serveConfig struct {
 	// external cluster runs with (exported when members do not report it).
 	EtcdQuotaBytes int64
 
-	// Connection limits (serve_limits.go; docs/operations.md, "Connection
+	// Connection limits (serve_limits.go; docs/operations/probes-and-limits.md, "Connection
 	// limits and timeouts").
 	//
 	// MaxConnections (--max-connections, default 10000) caps the

@@ -16,7 +16,7 @@ import (
 	"github.com/idrange/idrange/internal/server/service"
 )
 
-// Connection limits of `rangesvc serve` (docs/operations.md, "Connection
+// Connection limits of `rangesvc serve` (docs/operations/probes-and-limits.md, "Connection
 // limits and timeouts").
 const (
 	// defaultMaxConnections is --max-connections' default: room for a

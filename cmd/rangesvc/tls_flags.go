@@ -22,7 +22,7 @@ import (
 )
 
 // securityFlags are serve's TLS, identity and etcd security flags (issue
-// 10; docs/operations.md, "Security"). validate loads every file and
+// 10; docs/operations/security.md, "Security"). validate loads every file and
 // pattern, so bad input fails before anything starts (exit 2, naming the
 // flag); the loaded values are kept for the replica.
 type securityFlags struct {

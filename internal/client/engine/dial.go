@@ -26,7 +26,7 @@ import (
 // own default, which ConnectParams would otherwise replace with 0 (an
 // attempt then gets only the backoff's 50 ms). A replica at its connection
 // cap under a flood admits a new connection after the listen backlog ahead
-// of it drains (about a second; docs/operations.md, "Connection limits and
+// of it drains (about a second; docs/operations/probes-and-limits.md, "Connection limits and
 // timeouts"): an attempt cut at 50 ms rejoins the backlog at its end, and
 // the client got in only once its backoff had grown past the wait (issue
 // 35: 4 to 6 s instead of 0.9). Calls keep their own deadlines.

@@ -17,6 +17,6 @@
 //	go m.Run(ctx)
 //	... health check: m.Err() is non-nil (errors.Is ErrNoSpace) while NOSPACE is raised
 //
-// docs/operations.md ("History compaction and space") is the operator's
+// docs/operations/etcd-space.md ("History compaction and space") is the operator's
 // side: flags, metrics, and the recovery from NOSPACE.
 package etcdspace

@@ -2,7 +2,7 @@
 // code an etcd cluster serves, under which random region id, with which ID
 // layout, whether its code is confirmed in a registry shared by all regions,
 // and whether a restore from a backup is pending. Replicas check it at start
-// and periodically (docs/operations.md, "Region identity, registry, backup
+// and periodically (docs/operations/region-identity.md, "Region identity, registry, backup
 // and restore"); the record's format, its strict decoding and every write to
 // it live here and nowhere else.
 package regionid

@@ -63,8 +63,10 @@ type Link struct {
 var (
 	// mdLink is the target of a Markdown inline link or image: [text](target).
 	mdLink = regexp.MustCompile(`\]\(([^()\s]+)\)`)
-	// repoURL is a link into this repository's files on GitHub.
-	repoURL = regexp.MustCompile(`https://github\.com/idrange/idrange/blob/main/([^\s"')>]+)`)
+	// repoURL is a link into this repository's files on GitHub; it ends at
+	// white space, a quote, a bracket or a backslash (an escape in a Go
+	// string).
+	repoURL = regexp.MustCompile(`https://github\.com/idrange/idrange/blob/main/([^\s"'()>\\]+)`)
 )
 
 // Links returns the links of a Markdown file's text: inline links (outside

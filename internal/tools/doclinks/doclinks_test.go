@@ -110,13 +110,13 @@ func TestLinksResolve(t *testing.T) {
 func TestPlantedBrokenLinks(t *testing.T) {
 	doc := "# Title\n\n## A section: with (punctuation)\n\n```\n## not a heading\n```\n" +
 		"[ok](#a-section-with-punctuation) [bad](#not-a-heading) [file](missing.md#x)\n" +
-		"runbook: https://github.com/idrange/idrange/blob/main/docs/operations.md#alert-idrangeclockrollback\n"
+		"runbook: https://github.com/idrange/idrange/blob/main/docs/operations/alerts.md#alert-idrangeclockrollback\n"
 	a := Anchors(doc)
 	if !a["title"] || !a["a-section-with-punctuation"] || a["not-a-heading"] {
 		t.Fatalf("anchors %v", a)
 	}
 	ls := Links(doc)
-	want := []string{"#a-section-with-punctuation", "#not-a-heading", "missing.md#x", "/docs/operations.md#alert-idrangeclockrollback"}
+	want := []string{"#a-section-with-punctuation", "#not-a-heading", "missing.md#x", "/docs/operations/alerts.md#alert-idrangeclockrollback"}
 	if len(ls) != len(want) {
 		t.Fatalf("links %v, want %v", ls, want)
 	}

@@ -3,7 +3,7 @@
 // -trimpath, the release version stamped with -ldflags) in one layer on an
 // empty image (FROM scratch), run as user 65532, entrypoint /rangesvc, no
 // shell. It is the Dockerfile's image, assembled with go-containerregistry,
-// for CI and for users without Docker (docs/operations.md, "Container image
+// for CI and for users without Docker (docs/operations/deploy.md, "Container image
 // and Kubernetes").
 //
 //	go run ./internal/tools/mkimage -version v1.2.3 -tar rangesvc.tar      # docker load / podman load -i

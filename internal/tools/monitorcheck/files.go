@@ -19,7 +19,7 @@ const (
 	rulesFile     = "deploy/prometheus/idrange.rules.yml"
 	rulesTestFile = "deploy/prometheus/idrange.rules.test.yml"
 	dashboardFile = "deploy/grafana/idrange.json"
-	runbookFile   = "docs/operations.md"
+	runbookFile   = "docs/operations/alerts.md"
 )
 
 // repoRoot is the repository root: three levels above this source file.

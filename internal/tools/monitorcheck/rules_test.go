@@ -58,7 +58,7 @@ var alertName = regexp.MustCompile(`^Idrange[A-Z][A-Za-z0-9]*$`)
 
 // Every alert has a severity an Alertmanager route can match, a summary, a
 // description saying what to do, and a runbook link to its own section of
-// docs/operations.md.
+// docs/operations/alerts.md.
 func TestAlertsHaveSeveritySummaryAndRunbook(t *testing.T) {
 	rf := loadRules(t)
 	doc, err := os.ReadFile(filepath.Join(repoRoot(), runbookFile))
