@@ -218,9 +218,8 @@ func (p *Pool) lead(at time.Time) time.Duration {
 	if len(ms) == 0 {
 		return 0
 	}
-	now := p.base(at)
-	m, _ := pick(ms, now, p.rr.Load())
-	return time.Duration(max(m.aheadMs.Load()-now, 0)) * time.Millisecond
+	m, _ := pick(ms, p.rr.Load())
+	return time.Duration(max(m.aheadMs.Load()-p.base(at), 0)) * time.Millisecond
 }
 
 // Rate is the demand the pool measured, in IDs/s.
@@ -241,10 +240,10 @@ func (p *Pool) base(at time.Time) int64 {
 	return now
 }
 
-// pick is the member with the least lead at now, scanning from start (the
-// first of equal leads wins: callers rotate start to spread over codes);
-// it also returns its index.
-func pick(ms []*member, now int64, start uint64) (*member, int) {
+// pick is the least advanced member (the least lead, whatever the clock),
+// scanning from start (the first of equal leads wins: callers rotate start
+// to spread over codes); it also returns its index.
+func pick(ms []*member, start uint64) (*member, int) {
 	best, bi := (*member)(nil), 0
 	for i := range ms {
 		j := int((start + uint64(i)) % uint64(len(ms)))
@@ -315,7 +314,7 @@ func (p *Pool) do(ctx context.Context, f func(m *member) (another bool, err erro
 	if err != nil {
 		return err
 	}
-	_, first := pick(ms, snowflake.MsSince(p.cfg.Now()), p.rr.Add(1))
+	_, first := pick(ms, p.rr.Add(1))
 	err = ErrClosed
 	for i := range ms {
 		mb := ms[(first+i)%len(ms)]
