@@ -12,13 +12,20 @@
 // targets, so a new target is fuzzed without editing anything. Every target
 // is printed before the first one runs.
 //
-// Each target runs as `go test -run '^$' -fuzz '^Name$'` without -fuzztime,
-// and is stopped with SIGINT (the ^C the go command is built for) once it
-// has fuzzed for its time; a wall-clock limit (its time plus -build for
-// compiling and stopping) kills it if it does not stop. The outcome of a
-// run is one of:
+// Each package with targets is built once as an instrumented test binary
+// (`go test -c -fuzz .`), and each target runs as that binary with
+// -test.fuzz '^Name$' in the package's directory, as go test would run it,
+// without -test.fuzztime. Once it has fuzzed for its time fuzzrun sends
+// SIGINT to that one process, the fuzzing coordinator, which stops its
+// workers through their pipes and exits cleanly. (A ^C to the whole process
+// group, as a terminal sends it, is not clean: a worker can exit on the
+// signal in the middle of an input before the coordinator sees it, and the
+// coordinator then records that input as a crash, "fuzzing process hung or
+// terminated unexpectedly: <nil>".) A wall-clock limit (its time plus -build
+// for stopping) kills the process group if it does not stop. The outcome of
+// a run is one of:
 //
-//   - ok: the package's "ok" line, after fuzzing had started;
+//   - ok: the binary passed after fuzzing had started;
 //   - finding: the fuzzer wrote a new file under testdata/fuzz/<Name>/, or
 //     the run failed on a file there (a planted or uncommitted input): the
 //     files are named, and fuzzrun exits 1 (fix the code, commit the file);
@@ -35,9 +42,9 @@
 //     code fails, the target did not fuzz): fuzzrun exits 1 with the
 //     output.
 //
-// On Go 1.27 or later the SIGINT, the retry and the toolchain outcome can
-// go: pass -fuzztime (the time each target gets) and treat every failure
-// as a finding or a failure.
+// On Go 1.27 or later the retry and the toolchain outcome can go: pass
+// -test.fuzztime (the time each target gets) instead of the SIGINT, and
+// treat every failure as a finding or a failure.
 package main
 
 import (
@@ -168,16 +175,21 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 	for _, t := range targets {
 		fmt.Fprintf(out, "  %s %s\n", t.pkg, t.name)
 	}
+	b, err := newBuilder(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer b.close()
 	var bad, notes []string
 	for _, t := range targets {
 		fmt.Fprintf(out, "fuzz: %s (%s) for %v\n", t.name, t.pkg, each)
-		r, err := fuzzOne(ctx, cfg, t, each, out)
+		r, err := b.fuzzOne(ctx, t, each, out)
 		if err != nil {
 			return err
 		}
 		if r.outcome == toolchain {
 			fmt.Fprintf(out, "fuzz: %s: the coordinator's end-of-run error and no input (golang/go#75804): retrying once\n", t.name)
-			if r, err = fuzzOne(ctx, cfg, t, each, out); err != nil {
+			if r, err = b.fuzzOne(ctx, t, each, out); err != nil {
 				return err
 			}
 		}
@@ -295,25 +307,81 @@ var (
 	inputRE = regexp.MustCompile(`(?:testdata/fuzz/|seed corpus entry: )(Fuzz\w*)/([^\s/]+)`)
 )
 
+// builder builds each package's instrumented test binary once and runs its
+// targets.
+type builder struct {
+	cfg      config
+	dir      string            // where the binaries go
+	fuzzBase string            // $GOCACHE/fuzz, where go test keeps each package's generated corpus
+	built    map[string]string // import path -> binary
+}
+
+func newBuilder(ctx context.Context, cfg config) (*builder, error) {
+	gocache, err := goOutput(ctx, cfg.goCmd, "env", "GOCACHE")
+	if err != nil {
+		return nil, err
+	}
+	gocache = strings.TrimSpace(gocache)
+	if gocache == "" || gocache == "off" {
+		return nil, errors.New("fuzzing needs the go build cache (go env GOCACHE is off)")
+	}
+	dir, err := os.MkdirTemp("", "fuzzrun")
+	if err != nil {
+		return nil, err
+	}
+	return &builder{cfg: cfg, dir: dir, fuzzBase: filepath.Join(gocache, "fuzz"), built: map[string]string{}}, nil
+}
+
+func (b *builder) close() { os.RemoveAll(b.dir) }
+
+// binary builds pkg's test binary with fuzzing instrumentation, once; a
+// build failure returns its output.
+func (b *builder) binary(ctx context.Context, pkg string) (string, string, error) {
+	if bin, ok := b.built[pkg]; ok {
+		return bin, "", nil
+	}
+	bin := filepath.Join(b.dir, fmt.Sprintf("pkg%d.test", len(b.built)))
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.build)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, b.cfg.goCmd, "test", "-c", "-fuzz", ".", "-o", bin, pkg).CombinedOutput()
+	if err != nil {
+		return "", fmt.Sprintf("go test -c -fuzz . -o %s %s: %v\n%s", bin, pkg, err, out), nil
+	}
+	if _, err := os.Stat(bin); err != nil {
+		return "", "", errors.Newf("go test -c built no binary for %s: %v", pkg, err)
+	}
+	b.built[pkg] = bin
+	return bin, "", nil
+}
+
 // fuzzOne runs one target for each (after fuzzing starts) and classifies
 // the run. Progress lines are copied to out as they come.
-func fuzzOne(ctx context.Context, cfg config, t target, each time.Duration, out io.Writer) (result, error) {
+func (b *builder) fuzzOne(ctx context.Context, t target, each time.Duration, out io.Writer) (result, error) {
+	bin, buildOutput, err := b.binary(ctx, t.pkg)
+	if err != nil {
+		return result{}, err
+	}
+	if bin == "" {
+		return result{outcome: failed, output: buildOutput}, nil
+	}
 	before, err := corpusFiles(t)
 	if err != nil {
 		return result{}, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, each+cfg.build)
+	ctx, cancel := context.WithTimeout(ctx, each+b.cfg.build)
 	defer cancel()
-	cmd := exec.Command(cfg.goCmd, "test", "-run", "^$", "-fuzz", "^"+t.name+"$", "-timeout", "0",
+	cmd := exec.Command(bin, "-test.run=^$", "-test.fuzz=^"+t.name+"$", "-test.timeout=0",
+		"-test.fuzzcachedir="+filepath.Join(b.fuzzBase, t.pkg),
 		// go test minimizes every new interesting input for up to 60 s by
 		// default, fuzzing nothing meanwhile; 2 s leaves the time to
 		// fuzzing, and a failing input is still written, less minimized.
-		"-fuzzminimizetime", "2s", t.pkg)
+		"-test.fuzzminimizetime=2s")
+	cmd.Dir = t.dir
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
 	setGroup(cmd)
 	if err := cmd.Start(); err != nil {
-		return result{}, errors.Newf("start %s: %v", cfg.goCmd, err)
+		return result{}, errors.Newf("start %s: %v", bin, err)
 	}
 	var (
 		mu       sync.Mutex
@@ -356,7 +424,7 @@ wait:
 			started = nil
 			stopTimer.Reset(each)
 		case <-stopTimer.C:
-			interrupt(cmd) // fuzzed long enough: ^C, which go test -fuzz ends cleanly on
+			interrupt(cmd) // fuzzed long enough: SIGINT to the coordinator alone
 		case <-ctx.Done():
 			killed = true
 			kill(cmd)
@@ -373,15 +441,14 @@ wait:
 	mu.Lock()
 	r := result{execs: execs, output: all.String()}
 	mu.Unlock()
-	r.outcome, r.inputs = classify(t, r.output, before, after, killed)
-	_ = werr // go test's exit status says less than its output (see classify)
+	r.outcome, r.inputs = classify(t, r.output, before, after, werr == nil, killed)
 	return r, nil
 }
 
 // classify decides a run's outcome (the package doc lists them) from its
-// output, the target's corpus files before and after, and whether the
-// wall-clock limit killed it.
-func classify(t target, output string, before, after []string, killed bool) (outcome, []string) {
+// output, the target's corpus files before and after, whether the binary
+// exited 0, and whether the wall-clock limit killed it.
+func classify(t target, output string, before, after []string, exited0, killed bool) (outcome, []string) {
 	var inputs []string
 	for _, f := range after {
 		if !slices.Contains(before, f) {
@@ -406,14 +473,11 @@ func classify(t target, output string, before, after []string, killed bool) (out
 	}
 	lines := strings.Split(output, "\n")
 	fuzzed := slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, "fuzz: elapsed: ") })
-	passed := slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, "ok  \t"+t.pkg+"\t") }) &&
-		!strings.Contains(output, "--- FAIL")
+	passed := exited0 && slices.Contains(lines, "PASS") && !strings.Contains(output, "--- FAIL")
 	switch {
 	case killed:
 		return outOfTime, nil
 	case passed && fuzzed:
-		// go test exits 1 after a ^C although the run passed: its "ok"
-		// line is the verdict, not the exit status.
 		return ok, nil
 	case isCoordinatorDeadline(t, lines):
 		return toolchain, nil

@@ -16,11 +16,12 @@ import (
 	"github.com/idrange/idrange/internal/testing/testenv"
 )
 
-// The fake go command: the test binary run again with fakeGoEnv set. It
-// answers `go test ... -fuzz ...` the way a run hit by Go issue 75804 ends
-// (the coordinator's "context deadline exceeded", exit 1, no input) and
-// counts those runs in the file fakeGoEnv names; anything else (go list, go
-// test -list) goes to the real go command.
+// The fake go command: the test binary run again with fakeGoEnv set. Asked
+// to build a test binary (go test -c -o X) it copies itself to X; run as
+// that binary with -test.fuzz, it ends the way a run hit by Go issue 75804
+// ends (the coordinator's "context deadline exceeded", exit 1, no input)
+// and counts those runs in the file fakeGoEnv names; anything else (go env,
+// go list, go test -list) goes to the real go command.
 const fakeGoEnv = "FUZZRUN_FAKE_GO_COUNT"
 
 func TestMain(m *testing.M) {
@@ -31,28 +32,45 @@ func TestMain(m *testing.M) {
 }
 
 func fakeGo(count string, args []string) int {
-	if !slices.Contains(args, "-fuzz") {
-		cmd := exec.Command(os.Getenv("FUZZRUN_REAL_GO"), args...)
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-		if err := cmd.Run(); err != nil {
-			if ee, ok := err.(*exec.ExitError); ok {
-				return ee.ExitCode()
-			}
+	fuzzArg := slices.IndexFunc(args, func(a string) bool { return strings.HasPrefix(a, "-test.fuzz=") })
+	switch {
+	case fuzzArg >= 0:
+		f, err := os.OpenFile(count, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+		if err == nil {
+			f.WriteString("run\n")
+			f.Close()
+		}
+		name := strings.Trim(strings.TrimPrefix(args[fuzzArg], "-test.fuzz="), "^$")
+		fmt.Printf("fuzz: elapsed: 0s, gathering baseline coverage: 0/3 completed\n"+
+			"fuzz: elapsed: 0s, gathering baseline coverage: 3/3 completed, now fuzzing with 2 workers\n"+
+			"fuzz: elapsed: 3s, execs: 12345 (4115/sec), new interesting: 0 (total: 3)\n"+
+			"--- FAIL: %s (3.01s)\n    context deadline exceeded\nFAIL\n", name)
+		return 1
+	case len(args) > 1 && args[0] == "test" && args[1] == "-c":
+		self, err := os.Executable()
+		if err != nil {
+			fmt.Println(err)
+			return 1
+		}
+		b, err := os.ReadFile(self)
+		if err == nil {
+			err = os.WriteFile(args[slices.Index(args, "-o")+1], b, 0o755)
+		}
+		if err != nil {
+			fmt.Println(err)
 			return 1
 		}
 		return 0
 	}
-	f, err := os.OpenFile(count, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
-	if err == nil {
-		f.WriteString("run\n")
-		f.Close()
+	cmd := exec.Command(os.Getenv("FUZZRUN_REAL_GO"), args...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode()
+		}
+		return 1
 	}
-	name := strings.Trim(args[slices.Index(args, "-fuzz")+1], "^$")
-	fmt.Printf("fuzz: elapsed: 0s, gathering baseline coverage: 0/3 completed\n"+
-		"fuzz: elapsed: 0s, gathering baseline coverage: 3/3 completed, now fuzzing with 2 workers\n"+
-		"fuzz: elapsed: 3s, execs: 12345 (4115/sec), new interesting: 0 (total: 3)\n"+
-		"--- FAIL: %s (3.01s)\n    context deadline exceeded\nFAIL\nexit status 1\nFAIL\texample.com/fz\t3.1s\n", name)
-	return 1
+	return 0
 }
 
 func mustRE(t *testing.T, s string) *regexp.Regexp {
@@ -183,6 +201,45 @@ func FuzzAnyByte(f *testing.F) {
 	rel := filepath.Join("testdata", "fuzz", "FuzzAnyByte", filepath.Base(written[0]))
 	if err == nil || !strings.Contains(out, "FuzzAnyByte (example.com/fz): failing input "+rel+"\n") {
 		t.Errorf("a found input: err %v, output:\n%s", err, out)
+	}
+}
+
+// Stopping a run stops the coordinator alone, which stops its workers in
+// its own time. A worker that sees a ^C itself can exit in the middle of an
+// input, and the coordinator then records that input as a crash ("fuzzing
+// process hung or terminated unexpectedly: <nil>"): the workers here exit
+// the moment they see SIGINT, in the middle of a 20 ms input, so a ^C to
+// the process group would be taken for a finding in most runs.
+func TestStopRecordsNoCrash(t *testing.T) {
+	dir := fixture(t, `package fz
+
+import (
+	"os"
+	"os/signal"
+	"slices"
+	"testing"
+	"time"
+)
+
+func init() {
+	if slices.Contains(os.Args, "-test.fuzzworker") {
+		c := make(chan os.Signal, 1)
+		signal.Notify(c, os.Interrupt)
+		go func() { <-c; os.Exit(0) }()
+	}
+}
+
+func FuzzSlow(f *testing.F) {
+	f.Add([]byte("a"))
+	f.Fuzz(func(t *testing.T, b []byte) { time.Sleep(20 * time.Millisecond) })
+}
+`, nil)
+	for i := range 6 {
+		out, err := fuzzrun(t, dir, config{each: time.Second})
+		written, _ := filepath.Glob(filepath.Join(dir, "testdata", "fuzz", "FuzzSlow", "*"))
+		if err != nil || len(written) > 0 || !strings.Contains(out, "fuzz: FuzzSlow: ok, execs ") {
+			t.Fatalf("run %d: stopping the run was taken for a finding: err %v, inputs %v\n%s", i, err, written, out)
+		}
 	}
 }
 

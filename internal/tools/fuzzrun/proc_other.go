@@ -10,8 +10,8 @@ import (
 // setGroup does nothing where there are no process groups.
 func setGroup(*exec.Cmd) {}
 
-// interrupt interrupts the go command (where signals exist).
+// interrupt interrupts the test binary, the fuzzing coordinator.
 func interrupt(cmd *exec.Cmd) { _ = cmd.Process.Signal(os.Interrupt) }
 
-// kill kills the go command.
+// kill kills the test binary.
 func kill(cmd *exec.Cmd) { _ = cmd.Process.Kill() }
