@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -341,23 +340,7 @@ func TestDesignCase5FleetInOneMillisecond(t *testing.T) {
 
 		// All 800 mint at once, at one instant of fake time.
 		ms := snowflake.MsSince(svcs[0].Now())
-		out := make([][]snowflake.ID, regions*perRegion)
-		start := make(chan struct{})
-		var wg sync.WaitGroup
-		for r, cs := range clients {
-			for i, c := range cs {
-				wg.Go(func() {
-					<-start
-					ids, err := c.NextN(context.Background(), perClient)
-					if err != nil {
-						t.Errorf("region %d client %d: %v", r, i, err)
-					}
-					out[r*perRegion+i] = ids
-				})
-			}
-		}
-		close(start)
-		wg.Wait()
+		out := mintAtOnce(t, clients, perClient)
 
 		checkFleet(t, clients, out, regions*perRegion*perClient,
 			func(m int64) bool { return m == ms }, fmt.Sprintf("the fleet's one ms %d", ms))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -95,6 +96,32 @@ func mustNext(t testing.TB, c *Engine) snowflake.ID {
 		t.Fatalf("Next: %v", err)
 	}
 	return id
+}
+
+// mintAtOnce has every client of clients (per region) mint perClient IDs
+// with NextN, all released at the same moment, and returns what client
+// clients[r][i] minted at index r*len(clients[0])+i (checkFleet's layout).
+func mintAtOnce(t *testing.T, clients [][]*Engine, perClient int) [][]snowflake.ID {
+	t.Helper()
+	perRegion := len(clients[0])
+	out := make([][]snowflake.ID, len(clients)*perRegion)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for r, cs := range clients {
+		for i, c := range cs {
+			wg.Go(func() {
+				<-start
+				ids, err := c.NextN(context.Background(), perClient)
+				if err != nil {
+					t.Errorf("region %d client %d: %v", r, i, err)
+				}
+				out[r*perRegion+i] = ids
+			})
+		}
+	}
+	close(start)
+	wg.Wait()
+	return out
 }
 
 // checkFleet checks the IDs out[r*perRegion+i] that client clients[r][i]

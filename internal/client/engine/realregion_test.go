@@ -338,24 +338,7 @@ func TestRealDesignCase5Fleet(t *testing.T) {
 	}()
 
 	// All 800 mint at once.
-	out := make([][]snowflake.ID, regions*perRegion)
-	start := make(chan struct{})
-	for r, cs := range clients {
-		for i, c := range cs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				ids, err := c.NextN(context.Background(), perClient)
-				if err != nil {
-					t.Errorf("region %d client %d: %v", r, i, err)
-				}
-				out[r*perRegion+i] = ids
-			}()
-		}
-	}
-	close(start)
-	wg.Wait()
+	out := mintAtOnce(t, clients, perClient)
 	msAfter := snowflake.MsSince(time.Now())
 
 	lead := segment.DefaultMaxLead.Milliseconds()
