@@ -72,7 +72,7 @@ func main() {
 	flag.DurationVar(&cfg.budget, "budget", cfg.budget, "the fuzzing time of the whole run, split equally among the targets")
 	flag.DurationVar(&cfg.min, "min", cfg.min, "the least fuzzing time a target gets when the budget is split")
 	flag.DurationVar(&cfg.each, "each", 0, "the fuzzing time of every target (instead of a share of -budget)")
-	flag.DurationVar(&cfg.build, "build", cfg.build, "wall-clock allowance on top of a target's time for compiling and stopping")
+	flag.DurationVar(&cfg.build, "build", cfg.build, "wall-clock limit on building a package's test binary, and allowance on top of a target's time for stopping it")
 	flag.Func("targets", "a `regexp`: fuzz only the targets whose name matches", func(s string) error {
 		re, err := regexp.Compile(s)
 		cfg.targets = re
@@ -104,7 +104,7 @@ type config struct {
 	budget   time.Duration // split among the targets, unless each is set
 	min      time.Duration // the least share of budget
 	each     time.Duration // every target's time; 0: a share of budget
-	build    time.Duration // wall-clock allowance on top of a target's time
+	build    time.Duration // the limit on a build; the allowance on top of a target's time
 	targets  *regexp.Regexp
 }
 
