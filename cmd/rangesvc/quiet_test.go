@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -49,7 +50,7 @@ func mintTimed(t *testing.T, target string, region, n, try int) []snowflake.ID {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // well past the bound, well before mint's own 20 s
 	defer cancel()
-	cmd := exec.CommandContext(ctx, testenv.Binary(t), "mint", "--target", target, "-n", "3")
+	cmd := exec.CommandContext(ctx, testenv.Binary(t), "mint", "--target", target, "-n", strconv.Itoa(n))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	start := time.Now()
